@@ -1,0 +1,30 @@
+"""django-pgqueue: a reliable message queue in your Django project's PostgreSQL.
+
+The public API is importable from here. It is loaded lazily, so that
+``import django_pgqueue`` (from settings, say) never imports models before
+Django's app registry is ready.
+"""
+
+__version__ = "0.1.0.dev0"
+
+_API = {
+    "enqueue": "django_pgqueue.producer",
+    "enqueue_many": "django_pgqueue.producer",
+    "InvalidMessage": "django_pgqueue.exceptions",
+    "PgQueueError": "django_pgqueue.exceptions",
+}
+
+__all__ = sorted(_API)
+
+
+def __getattr__(name):
+    module = _API.get(name)
+    if module is None:
+        raise AttributeError(f"module 'django_pgqueue' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

@@ -1,0 +1,18 @@
+from django.apps import AppConfig
+from django.db.models.signals import post_migrate
+
+
+class PgQueueConfig(AppConfig):
+    name = "django_pgqueue"
+    label = "django_pgqueue"
+    verbose_name = "Message queue"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self):
+        from . import (
+            checks,  # noqa: F401  (registers the system checks)
+            notify,
+        )
+
+        # Keep the insert trigger's state in step with PGQUEUE["NOTIFY"].
+        post_migrate.connect(notify.sync_trigger_after_migrate, sender=self)

@@ -1,0 +1,169 @@
+"""The queue table (``Message``) and the dead-letter table (``DeadLetter``).
+
+Every column that a plain SQL ``INSERT`` may leave out has a database-level
+default (``db_default``), so another program can enqueue with
+``INSERT INTO django_pgqueue_message (topic, payload) VALUES (...)``.
+
+A message lives in exactly one of the two tables: ``lifecycle.dead_letter()``
+moves it in one transaction.
+"""
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+
+from . import conf
+
+
+class Status(models.TextChoices):
+    # Waiting covers ready, delayed and waiting-to-retry: run_at tells them apart.
+    WAITING = "waiting", "Waiting"
+    PROCESSING = "processing", "Processing"
+    DONE = "done", "Done"
+
+
+class Category(models.TextChoices):
+    TRANSIENT = "transient", "Transient"
+    DEPENDENCY = "dependency", "Dependency"
+    PERMANENT = "permanent", "Permanent"
+    BUSINESS = "business", "Business"
+    UNKNOWN = "unknown", "Unknown"
+
+
+class DeadLetterState(models.TextChoices):
+    NEW = "new", "New"
+    REVIVED = "revived", "Revived"
+    RESOLVED = "resolved", "Resolved"
+
+
+# The statuses a message has until it is finished; dedup keys are unique among them.
+UNFINISHED = [Status.WAITING, Status.PROCESSING]
+
+
+class Message(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    queue = models.CharField(max_length=conf.QUEUE_MAX_LENGTH, db_default="default")
+    topic = models.CharField(max_length=conf.TOPIC_MAX_LENGTH)
+    payload = models.JSONField(encoder=DjangoJSONEncoder)
+    headers = models.JSONField(encoder=DjangoJSONEncoder, db_default={}, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, db_default=Status.WAITING)
+    priority = models.SmallIntegerField(db_default=0, help_text="Higher runs first.")
+    run_at = models.DateTimeField(db_default=Now(), help_text="Not before this time.")
+    attempts = models.IntegerField(db_default=0)
+    max_attempts = models.IntegerField(
+        null=True, blank=True, help_text="Empty: the handler's or the global limit."
+    )
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    locked_by = models.CharField(max_length=255, db_default="", blank=True)
+    lease_token = models.UUIDField(null=True, blank=True)
+    dedup_key = models.CharField(max_length=conf.KEY_MAX_LENGTH, null=True, blank=True)
+    group_key = models.CharField(max_length=conf.KEY_MAX_LENGTH, null=True, blank=True)
+    last_error = models.TextField(db_default="", blank=True)
+    last_error_category = models.CharField(
+        max_length=16, choices=Category.choices, db_default="", blank=True
+    )
+    first_failed_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        indexes = [
+            # Exactly the claimable rows, in claim order: the claim reads the
+            # head of this index, whatever else the table holds.
+            models.Index(
+                fields=["queue", "-priority", "run_at", "id"],
+                condition=Q(status=Status.WAITING),
+                name="pgqueue_msg_claim_idx",
+            ),
+            # Waiting rows by due time: the next run_at a worker sleeps until,
+            # and the claim's way in when most waiting rows are delayed.
+            models.Index(
+                fields=["queue", "run_at"],
+                condition=Q(status=Status.WAITING),
+                name="pgqueue_msg_due_idx",
+            ),
+            # Leased rows by expiry: the rescue of crashed workers' messages.
+            models.Index(
+                fields=["lease_expires_at"],
+                condition=Q(status=Status.PROCESSING),
+                name="pgqueue_msg_lease_idx",
+            ),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["topic", "dedup_key"],
+                condition=Q(status__in=UNFINISHED),
+                name="pgqueue_msg_dedup_uniq",
+            ),
+            models.CheckConstraint(
+                condition=Q(status__in=Status.values), name="pgqueue_msg_status_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(priority__gte=conf.PRIORITY_MIN, priority__lte=conf.PRIORITY_MAX),
+                name="pgqueue_msg_priority_range",
+            ),
+            models.CheckConstraint(condition=Q(attempts__gte=0), name="pgqueue_msg_attempts_gte_0"),
+            models.CheckConstraint(
+                condition=Q(max_attempts__isnull=True) | Q(max_attempts__gte=1),
+                name="pgqueue_msg_max_attempts_gte_1",
+            ),
+            models.CheckConstraint(
+                condition=~Q(topic="") & ~Q(queue=""), name="pgqueue_msg_names_not_empty"
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.topic} #{self.pk}"
+
+
+class DeadLetter(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    message_id = models.BigIntegerField(db_index=True, help_text="The id it had in the queue.")
+    queue = models.CharField(max_length=conf.QUEUE_MAX_LENGTH)
+    topic = models.CharField(max_length=conf.TOPIC_MAX_LENGTH)
+    payload = models.JSONField(encoder=DjangoJSONEncoder)
+    headers = models.JSONField(encoder=DjangoJSONEncoder, db_default={}, blank=True)
+    priority = models.SmallIntegerField(db_default=0)
+    group_key = models.CharField(max_length=conf.KEY_MAX_LENGTH, null=True, blank=True)
+    dedup_key = models.CharField(max_length=conf.KEY_MAX_LENGTH, null=True, blank=True)
+    category = models.CharField(max_length=16, choices=Category.choices)
+    reason = models.TextField()
+    traceback = models.TextField(db_default="", blank=True)
+    attempts = models.IntegerField(db_default=0)
+    max_attempts = models.IntegerField(null=True, blank=True)
+    first_failed_at = models.DateTimeField(null=True, blank=True)
+    last_failed_at = models.DateTimeField(null=True, blank=True)
+    dead_lettered_at = models.DateTimeField(db_default=Now())
+    worker = models.CharField(max_length=255, db_default="", blank=True)
+    state = models.CharField(
+        max_length=16, choices=DeadLetterState.choices, db_default=DeadLetterState.NEW
+    )
+    revived_at = models.DateTimeField(null=True, blank=True)
+    revive_count = models.IntegerField(db_default=0)
+    revived_message_id = models.BigIntegerField(null=True, blank=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    resolved_by = models.CharField(max_length=150, db_default="", blank=True)
+    notes = models.TextField(db_default="", blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["state", "-dead_lettered_at"], name="pgqueue_dl_state_idx"),
+            models.Index(fields=["topic", "category"], name="pgqueue_dl_topic_cat_idx"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(state__in=DeadLetterState.values), name="pgqueue_dl_state_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(category__in=Category.values), name="pgqueue_dl_category_valid"
+            ),
+        ]
+        permissions = [
+            ("revive_deadletter", "Can revive dead letters"),
+            ("resolve_deadletter", "Can resolve dead letters"),
+            ("categorize_deadletter", "Can set the category of dead letters"),
+        ]
+
+    def __str__(self):
+        return f"{self.topic} dead letter #{self.pk}"

@@ -1,0 +1,61 @@
+"""Wake-up notifications.
+
+The insert trigger (created by migration 0002) sends one ``NOTIFY`` on
+``CHANNEL`` per statement and queue, with the queue's name as the payload.
+PostgreSQL delivers it when the inserting transaction commits, whichever
+client inserted. It is a hint that work is ready, never the delivery path:
+workers also poll, because NOTIFY is at-most-once.
+
+Poll-only mode (``PGQUEUE["NOTIFY"] = False``) disables the trigger; it is
+synced with the setting each time ``migrate`` runs.
+"""
+
+import logging
+
+from django.db import connections
+
+from . import conf
+
+logger = logging.getLogger(__name__)
+
+CHANNEL = "django_pgqueue"
+TRIGGER = "pgqueue_notify_insert"
+
+
+def trigger_enabled(using):
+    """Whether the insert trigger fires on the database ``using``; None if it is absent."""
+    from .models import Message
+
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            "SELECT tgenabled <> 'D' FROM pg_trigger"
+            " WHERE tgname = %s AND tgrelid = to_regclass(%s)",
+            [TRIGGER, Message._meta.db_table],
+        )
+        row = cursor.fetchone()
+    return None if row is None else row[0]
+
+
+def set_trigger_enabled(enabled, using):
+    """Enable or disable the insert trigger. Returns True if its state changed."""
+    from .models import Message
+
+    current = trigger_enabled(using)
+    if current is None or current == enabled:
+        return False
+    connection = connections[using]
+    table = connection.ops.quote_name(Message._meta.db_table)
+    action = "ENABLE" if enabled else "DISABLE"
+    with connection.cursor() as cursor:
+        cursor.execute(f"ALTER TABLE {table} {action} TRIGGER {connection.ops.quote_name(TRIGGER)}")
+    logger.info("NOTIFY trigger %sd on database %s", action.lower(), using)
+    return True
+
+
+def sync_trigger_after_migrate(sender, using, **kwargs):
+    """post_migrate receiver: make the trigger follow PGQUEUE["NOTIFY"]."""
+    if connections[using].vendor != "postgresql":
+        return
+    if trigger_enabled(using) is None:  # migrated backwards past the trigger
+        return
+    set_trigger_enabled(bool(conf.get("NOTIFY")), using)

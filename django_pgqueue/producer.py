@@ -1,0 +1,423 @@
+"""The producer: enqueue() and enqueue_many(), the only place that inserts ``Message`` rows.
+
+A message follows the caller's transaction. On the queue's own database the
+row is inserted inside that transaction, so it becomes visible, and its
+NOTIFY is delivered, only when the caller commits; a rollback (or a rolled
+back savepoint) discards it. When the queue lives on another database alias,
+the insert waits for the caller's commit through ``transaction.on_commit``.
+
+Everything is validated before anything is written: bad input raises
+``InvalidMessage`` at the call site.
+"""
+
+import datetime
+import json
+import math
+import re
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db.models import Q
+
+from . import conf
+from .exceptions import InvalidMessage
+from .models import UNFINISHED, Message, Status
+from .signals import message_enqueued
+
+# One statement for one message or fifty thousand: the ORM cannot say
+# "INSERT ... ON CONFLICT (cols) WHERE <partial index predicate> DO NOTHING
+# RETURNING", which dedup needs, and unnest() of one array per column keeps
+# the statement's size independent of the row count's shape. ORDER BY the
+# ordinality makes ids follow the input order, which is how the returned rows
+# are matched back to the input. Columns left out take their db_default.
+INSERT_SQL = """
+INSERT INTO {table}
+    (queue, topic, payload, headers, priority, run_at, max_attempts, dedup_key, group_key)
+SELECT q, t, p::jsonb, h::jsonb, pr, COALESCE(ra, now() + make_interval(secs => d)), ma, dk, gk
+FROM unnest(
+    %s::text[], %s::text[], %s::text[], %s::text[], %s::smallint[],
+    %s::timestamptz[], %s::float8[], %s::integer[], %s::text[], %s::text[]
+) WITH ORDINALITY AS input(q, t, p, h, pr, ra, d, ma, dk, gk, n)
+ORDER BY n
+ON CONFLICT (topic, dedup_key) WHERE status IN ('waiting', 'processing') DO NOTHING
+RETURNING id, topic, dedup_key, run_at, created_at, updated_at
+"""
+
+OPTION_NAMES = frozenset(
+    {
+        "delay",
+        "run_at",
+        "priority",
+        "queue",
+        "dedup_key",
+        "group_key",
+        "headers",
+        "max_attempts",
+    }
+)
+
+# jsonb cannot store the NUL character; catch "\u0000" escapes that are not
+# themselves an escaped backslash followed by "u0000".
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+_INT_MAX = 2**31 - 1
+
+# How often a dedup'd message that finished between the INSERT and the look-up
+# of the existing row is inserted again before giving up.
+_DEDUP_RACE_RETRIES = 3
+
+
+def enqueue(
+    topic,
+    payload=None,
+    *,
+    delay=None,
+    run_at=None,
+    priority=0,
+    queue=None,
+    dedup_key=None,
+    group_key=None,
+    headers=None,
+    max_attempts=None,
+    using=None,
+):
+    """Enqueue one message for ``topic`` and return it as a ``Message``.
+
+    ``message.created`` is True when a row was inserted, False when an
+    unfinished message with the same topic and ``dedup_key`` already existed
+    (that message is returned instead), and None while the insert waits for
+    the caller's commit on another database alias (``message.pk`` is None
+    until then). ``using`` is the alias of the caller's transaction
+    (default: ``"default"``).
+    """
+    row = _validate(
+        dict(
+            topic=topic,
+            payload=payload,
+            delay=delay,
+            run_at=run_at,
+            priority=priority,
+            queue=queue,
+            dedup_key=dedup_key,
+            group_key=group_key,
+            headers=headers,
+            max_attempts=max_attempts,
+        )
+    )
+    return _enqueue_rows([row], using)[0]
+
+
+def enqueue_many(messages, *, using=None, **defaults):
+    """Enqueue many messages in one INSERT statement; return them in input order.
+
+    ``messages`` is an iterable of dicts, each with the keywords of
+    ``enqueue`` (``topic``, ``payload``, ``delay``, ...); ``defaults`` gives
+    values for keys the dicts leave out::
+
+        enqueue_many([{"payload": {"n": n}} for n in range(1000)], topic="numbers")
+
+    Each returned message has ``created`` set as in ``enqueue``.
+    """
+    known = OPTION_NAMES | {"topic", "payload"}
+    unknown = sorted(set(defaults) - known)
+    if unknown:
+        raise InvalidMessage(
+            f"enqueue_many() got unknown keyword(s) {', '.join(unknown)}; "
+            f"known: {', '.join(sorted(known))}"
+        )
+    if isinstance(messages, dict | str | bytes):
+        raise InvalidMessage("enqueue_many() takes an iterable of dicts, one per message")
+    rows = []
+    for index, item in enumerate(messages):
+        if not isinstance(item, dict):
+            raise InvalidMessage(
+                f"message {index}: expected a dict of enqueue() keywords, got {type(item).__name__}"
+            )
+        unknown = sorted(set(item) - known)
+        if unknown:
+            raise InvalidMessage(
+                f"message {index}: unknown key(s) {', '.join(unknown)}; "
+                f"known: {', '.join(sorted(known))}"
+            )
+        fields = {"payload": None, **defaults, **item}
+        if "topic" not in fields:
+            raise InvalidMessage(f"message {index}: no topic (give it in the dict or as topic=)")
+        try:
+            rows.append(_validate(fields))
+        except InvalidMessage as exc:
+            raise InvalidMessage(f"message {index}: {exc}") from None
+    if not rows:
+        return []
+    return _enqueue_rows(rows, using)
+
+
+def _enqueue_rows(rows, using):
+    caller = DEFAULT_DB_ALIAS if using is None else using
+    if caller not in connections.settings:
+        raise InvalidMessage(f"using={caller!r} is not a database alias in DATABASES")
+    queue_alias = conf.get("DATABASE")
+    messages = [_unsaved_message(row) for row in rows]
+    if caller == queue_alias:
+        _insert(messages, rows, queue_alias)
+    else:
+        # The queue is on another database: its insert cannot join the
+        # caller's transaction, so it waits for that transaction's commit.
+        transaction.on_commit(lambda: _insert(messages, rows, queue_alias), using=caller)
+    return messages
+
+
+def _insert(messages, rows, alias):
+    """Insert ``rows`` on ``alias`` and fill in ``messages`` (same order)."""
+    pending = list(range(len(rows)))
+    for _ in range(_DEDUP_RACE_RETRIES):
+        skipped = _insert_once([messages[i] for i in pending], [rows[i] for i in pending], alias)
+        pending = [pending[i] for i in skipped]
+        if not pending:
+            break
+        missing = _adopt_existing([messages[i] for i in pending], alias)
+        pending = [pending[i] for i in missing]
+        if not pending:
+            break
+    else:
+        raise InvalidMessage(
+            "could not enqueue: the unfinished message with the same dedup_key kept "
+            "finishing between the insert and its look-up"
+        )
+    created = [m for m in messages if m.created]
+    if created:
+        transaction.on_commit(lambda: _send_enqueued(created, alias), using=alias)
+
+
+def _insert_once(messages, rows, alias):
+    """One INSERT; returns the indexes (into ``rows``) that a dedup_key conflict skipped."""
+    connection = connections[alias]
+    sql = INSERT_SQL.format(table=connection.ops.quote_name(Message._meta.db_table))
+    columns = zip(*(row.columns() for row in rows), strict=True)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [list(column) for column in columns])
+        returned = sorted(cursor.fetchall())  # ids ascend in input order
+    skipped = []
+    position = 0
+    for index, message in enumerate(messages):
+        if position < len(returned):
+            pk, topic, dedup_key, run_at, created_at, updated_at = returned[position]
+            same_key = (topic, dedup_key) == (message.topic, message.dedup_key)
+            if message.dedup_key is None or same_key:
+                message.pk, message.run_at = pk, run_at
+                message.created_at, message.updated_at = created_at, updated_at
+                message.created = True
+                message._state.adding, message._state.db = False, alias
+                position += 1
+                continue
+        if message.dedup_key is None:  # only a dedup conflict may skip a row
+            raise RuntimeError("INSERT returned fewer rows than it was given")
+        skipped.append(index)
+    return skipped
+
+
+def _adopt_existing(messages, alias):
+    """Point each dedup'd message at the unfinished row that holds its key.
+
+    Returns the indexes whose row finished meanwhile, to be inserted again.
+    """
+    wanted = Q()
+    for message in messages:
+        wanted |= Q(topic=message.topic, dedup_key=message.dedup_key)
+    existing = {
+        (m.topic, m.dedup_key): m
+        for m in Message.objects.using(alias).filter(wanted, status__in=UNFINISHED)
+    }
+    missing = []
+    for index, message in enumerate(messages):
+        found = existing.get((message.topic, message.dedup_key))
+        if found is None:
+            missing.append(index)
+            continue
+        message.__dict__.update(
+            {f.attname: getattr(found, f.attname) for f in Message._meta.concrete_fields}
+        )
+        message.created = False
+        message._state.adding, message._state.db = False, alias
+    return missing
+
+
+def _send_enqueued(messages, alias):
+    if message_enqueued.has_listeners(Message):
+        for message in messages:
+            message_enqueued.send(sender=Message, message=message, using=alias)
+
+
+def _unsaved_message(row):
+    message = Message(
+        queue=row.queue,
+        topic=row.topic,
+        payload=row.payload,
+        headers=row.headers,
+        status=Status.WAITING,
+        priority=row.priority,
+        run_at=row.run_at,
+        attempts=0,
+        max_attempts=row.max_attempts,
+        locked_by="",
+        dedup_key=row.dedup_key,
+        group_key=row.group_key,
+        last_error="",
+        last_error_category="",
+        created_at=None,
+        updated_at=None,
+    )
+    message.created = None
+    return message
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    """One validated message: the caller's objects and the column values."""
+
+    queue: str
+    topic: str
+    payload: object
+    headers: dict
+    payload_json: str
+    headers_json: str
+    priority: int
+    run_at: datetime.datetime | None
+    delay_seconds: float
+    max_attempts: int | None
+    dedup_key: str | None
+    group_key: str | None
+
+    def columns(self):
+        """The values in INSERT_SQL's unnest() order."""
+        return (
+            self.queue,
+            self.topic,
+            self.payload_json,
+            self.headers_json,
+            self.priority,
+            self.run_at,
+            self.delay_seconds,
+            self.max_attempts,
+            self.dedup_key,
+            self.group_key,
+        )
+
+
+def _validate(fields):
+    """Check one message's fields; return its _Row or raise InvalidMessage."""
+    topic = fields["topic"]
+    problem = conf.name_problem("topic", topic, conf.TOPIC_MAX_LENGTH)
+    if problem:
+        raise InvalidMessage(problem)
+
+    queue = fields.get("queue")
+    if queue is None:
+        queue = conf.get("DEFAULT_QUEUE")
+    problem = conf.name_problem("queue", queue, conf.QUEUE_MAX_LENGTH)
+    if problem:
+        raise InvalidMessage(problem)
+
+    payload = fields.get("payload")
+    payload_json = _to_json("payload", payload)
+    headers = fields.get("headers")
+    if headers is None:
+        headers = {}
+    if not isinstance(headers, dict) or not all(isinstance(k, str) for k in headers):
+        raise InvalidMessage("headers must be a dict with string keys")
+    headers_json = _to_json("headers", headers)
+
+    priority = fields.get("priority", 0)
+    if not _is_int(priority):
+        raise InvalidMessage(f"priority must be an integer, not {type(priority).__name__}")
+    if not conf.PRIORITY_MIN <= priority <= conf.PRIORITY_MAX:
+        raise InvalidMessage(
+            f"priority {priority} is out of range "
+            f"[{conf.PRIORITY_MIN}, {conf.PRIORITY_MAX}] (higher runs first)"
+        )
+
+    delay, run_at = fields.get("delay"), fields.get("run_at")
+    if delay is not None and run_at is not None:
+        raise InvalidMessage("give delay or run_at, not both")
+    delay_seconds = _delay_seconds(delay)
+    if run_at is not None:
+        if not isinstance(run_at, datetime.datetime):
+            raise InvalidMessage(f"run_at must be a datetime, not {type(run_at).__name__}")
+        if settings.USE_TZ and run_at.utcoffset() is None:
+            raise InvalidMessage(
+                "run_at is a naive datetime while USE_TZ is True; "
+                "give an aware one (django.utils.timezone.now() + ...)"
+            )
+
+    max_attempts = fields.get("max_attempts")
+    if max_attempts is not None and (
+        not _is_int(max_attempts) or not 1 <= max_attempts <= _INT_MAX
+    ):
+        raise InvalidMessage(
+            f"max_attempts must be a whole number of at least 1, not {max_attempts!r}"
+        )
+
+    dedup_key = _key("dedup_key", fields.get("dedup_key"))
+    group_key = _key("group_key", fields.get("group_key"))
+
+    return _Row(
+        queue=queue,
+        topic=topic,
+        payload=payload,
+        headers=headers,
+        payload_json=payload_json,
+        headers_json=headers_json,
+        priority=priority,
+        run_at=run_at,
+        delay_seconds=delay_seconds,
+        max_attempts=max_attempts,
+        dedup_key=dedup_key,
+        group_key=group_key,
+    )
+
+
+def _to_json(what, value):
+    try:
+        text = json.dumps(value, cls=DjangoJSONEncoder, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidMessage(f"{what} is not JSON-serializable: {exc}") from None
+    except RecursionError:
+        raise InvalidMessage(f"{what} is nested too deeply to serialize") from None
+    if _JSON_NUL.search(text):
+        raise InvalidMessage(
+            f"{what} contains a NUL character (\\u0000), which PostgreSQL cannot store"
+        )
+    return text
+
+
+def _delay_seconds(delay):
+    if delay is None:
+        return 0.0
+    if isinstance(delay, datetime.timedelta):
+        seconds = delay.total_seconds()
+    elif isinstance(delay, int | float) and not isinstance(delay, bool):
+        seconds = float(delay)
+    else:
+        raise InvalidMessage(
+            f"delay must be a timedelta or a number of seconds, not {type(delay).__name__}"
+        )
+    if not math.isfinite(seconds) or seconds < 0:
+        raise InvalidMessage(f"delay must be zero or more seconds, not {delay!r}")
+    return seconds
+
+
+def _key(name, value):
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise InvalidMessage(f"{name} must be a non-empty string or None, not {value!r}")
+    if len(value) > conf.KEY_MAX_LENGTH:
+        raise InvalidMessage(
+            f"{name} is {len(value)} characters long; the limit is {conf.KEY_MAX_LENGTH}"
+        )
+    return value
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -1,0 +1,74 @@
+"""System checks on the PGQUEUE setting and the queue's database."""
+
+import pytest
+from django.core import checks
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+from django.test import override_settings
+
+from django_pgqueue import checks as pgqueue_checks
+
+
+def ids(errors):
+    return [e.id for e in errors]
+
+
+def run_checks():
+    return pgqueue_checks.check_settings() + pgqueue_checks.check_database()
+
+
+def test_no_setting_and_the_test_settings_are_fine():
+    assert run_checks() == []
+    with override_settings(PGQUEUE={"DATABASE": "other", "NOTIFY": False, "DEFAULT_QUEUE": "q"}):
+        assert run_checks() == []
+
+
+@override_settings(PGQUEUE=["NOTIFY"])
+def test_setting_must_be_a_dict():
+    [error] = run_checks()
+    assert error.id == "pgqueue.E001"
+    assert "PGQUEUE must be a dict, not list" in error.msg
+
+
+@override_settings(PGQUEUE={"NOTIFIY": False})
+def test_unknown_key_suggests_the_close_one():
+    [error] = run_checks()
+    assert error.id == "pgqueue.E002"
+    assert "'NOTIFIY'" in error.msg
+    assert "Did you mean 'NOTIFY'?" in error.hint
+
+
+@pytest.mark.parametrize(
+    ("setting", "words"),
+    [
+        ({"NOTIFY": "no"}, "PGQUEUE['NOTIFY'] must be True or False (got 'no')"),
+        ({"DATABASE": 3}, "PGQUEUE['DATABASE'] must be a database alias"),
+        ({"DATABASE": "missing"}, "names the alias 'missing', which is not in DATABASES"),
+        ({"DEFAULT_QUEUE": ""}, "the queue name must not be empty"),
+        ({"DEFAULT_QUEUE": "a b"}, "may contain only letters"),
+    ],
+)
+def test_wrong_values_say_how_to_fix_them(setting, words):
+    with override_settings(PGQUEUE=setting):
+        [error] = run_checks()
+    assert error.id == "pgqueue.E003"
+    assert words in error.msg
+    assert "its default is" in error.hint
+
+
+def test_queue_database_must_be_postgresql(settings, monkeypatch):
+    # Added in place: replacing DATABASES at run time makes Django warn.
+    lite = {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}
+    monkeypatch.setitem(settings.DATABASES, "lite", lite)
+    settings.PGQUEUE = {"DATABASE": "lite"}
+    [error] = run_checks()
+    assert error.id == "pgqueue.E004"
+    assert "'lite' uses django.db.backends.sqlite3" in error.msg
+    assert "django.db.backends.postgresql" in error.hint
+
+
+def test_checks_are_registered_with_django():
+    with override_settings(PGQUEUE={"NOTIFIY": True}):
+        assert "pgqueue.E002" in ids(checks.run_checks())
+        with pytest.raises(SystemCheckError, match="pgqueue.E002"):
+            call_command("check")

@@ -1,0 +1,316 @@
+"""enqueue() and enqueue_many() against the real PostgreSQL: transactions,
+wake-ups, dedup, bulk inserts, cross-alias deferral and the signal."""
+
+import datetime
+import threading
+
+import pytest
+from django.db import connections, transaction
+from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from django_pgqueue import enqueue, enqueue_many
+from django_pgqueue.models import Message, Status
+from django_pgqueue.notify import CHANNEL
+from django_pgqueue.signals import message_enqueued
+
+
+def committed_topics(conn):
+    """Topics of the messages another client can see, in id order."""
+    return [row[0] for row in conn.execute("SELECT topic FROM django_pgqueue_message ORDER BY id")]
+
+
+class Rollback(Exception):
+    pass
+
+
+@pytest.fixture
+def enqueued_signals():
+    received = []
+
+    def receiver(sender, message, using, **kwargs):
+        received.append((message.pk, message.topic, using))
+
+    message_enqueued.connect(receiver)
+    yield received
+    message_enqueued.disconnect(receiver)
+
+
+# --- transactions -------------------------------------------------------------
+
+
+def test_commit_publishes(other_connection):
+    with transaction.atomic():
+        message = enqueue("orders.created", {"order_id": 1})
+        assert committed_topics(other_connection) == [], "visible before the commit"
+    assert committed_topics(other_connection) == ["orders.created"]
+    row = Message.objects.get(pk=message.pk)
+    assert row.payload == {"order_id": 1}
+    assert row.status == Status.WAITING
+    assert row.queue == "default"
+    assert row.attempts == 0
+    assert message.created is True
+
+
+def test_rollback_discards(other_connection, enqueued_signals):
+    with pytest.raises(Rollback), transaction.atomic():
+        enqueue("orders.created", {"order_id": 1})
+        raise Rollback
+    assert committed_topics(other_connection) == []
+    assert Message.objects.count() == 0
+    assert enqueued_signals == [], "the signal fired for a rolled-back message"
+
+
+def test_savepoint_rollback_discards_only_the_inner_messages(other_connection, enqueued_signals):
+    with transaction.atomic():
+        outer = enqueue("outer", 1)
+        with pytest.raises(Rollback), transaction.atomic():
+            enqueue("inner", 2)
+            enqueue_many([{"payload": 3}, {"payload": 4}], topic="inner")
+            raise Rollback
+        after = enqueue("after", 5)
+    assert committed_topics(other_connection) == ["outer", "after"]
+    assert enqueued_signals == [(outer.pk, "outer", "default"), (after.pk, "after", "default")]
+
+
+def test_signal_fires_after_commit_not_before(transactional_db, enqueued_signals):
+    with transaction.atomic():
+        message = enqueue("orders.created", {})
+        assert enqueued_signals == [], "the signal fired before the commit"
+    assert enqueued_signals == [(message.pk, "orders.created", "default")]
+
+
+def test_without_a_transaction_the_message_is_committed_at_once(other_connection):
+    enqueue("autocommit", {})
+    assert committed_topics(other_connection) == ["autocommit"]
+
+
+# --- wake-ups -----------------------------------------------------------------
+
+
+def test_notify_arrives_at_commit_and_not_before(listener):
+    with transaction.atomic():
+        enqueue("orders.created", {})
+        assert listener.received(timeout=0.3) == [], "NOTIFY was delivered before the commit"
+    assert listener.wait_for(1) == [(CHANNEL, "default")]
+
+
+def test_rolled_back_insert_wakes_nobody(listener):
+    with pytest.raises(Rollback), transaction.atomic():
+        enqueue("orders.created", {})
+        raise Rollback
+    assert listener.received(timeout=0.3) == []
+
+
+def test_one_notify_per_statement_and_queue_not_per_row(listener):
+    enqueue_many([{"payload": n, "queue": "a" if n % 2 else "b"} for n in range(500)], topic="t")
+    got = listener.wait_for(2)
+    got += listener.received(timeout=0.3)  # anything beyond the two expected
+    assert sorted(got) == [(CHANNEL, "a"), (CHANNEL, "b")]
+
+
+def test_raw_sql_insert_gets_defaults_and_a_notification(listener, other_connection):
+    other_connection.execute(
+        "INSERT INTO django_pgqueue_message (topic, payload) VALUES ('from.sql', '{\"x\": 1}')"
+    )
+    assert listener.wait_for(1) == [(CHANNEL, "default")]
+    row = Message.objects.get(topic="from.sql")
+    assert row.payload == {"x": 1}
+    assert row.queue == "default"
+    assert row.status == Status.WAITING
+    assert row.headers == {}
+    assert row.priority == 0
+    assert row.attempts == 0
+    assert row.max_attempts is None
+    assert row.last_error == ""
+    assert row.run_at <= timezone.now()
+    assert row.created_at == row.updated_at == row.run_at
+
+
+# --- options ------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_options_are_stored():
+    at = timezone.now() + datetime.timedelta(hours=1)
+    message = enqueue(
+        "t",
+        [1, "two"],
+        run_at=at,
+        priority=7,
+        queue="emails",
+        dedup_key="d",
+        group_key="g",
+        headers={"correlation_id": "abc"},
+        max_attempts=3,
+    )
+    row = Message.objects.get(pk=message.pk)
+    assert (row.payload, row.run_at, row.priority, row.queue) == ([1, "two"], at, 7, "emails")
+    assert (row.dedup_key, row.group_key, row.max_attempts) == ("d", "g", 3)
+    assert row.headers == {"correlation_id": "abc"}
+    assert message.run_at == at
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("delay", [30, 30.0, datetime.timedelta(seconds=30)])
+def test_delay_sets_run_at_from_the_database_clock(delay):
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT now()")
+        (now,) = cursor.fetchone()
+    message = enqueue("t", {}, delay=delay)
+    assert Message.objects.get(pk=message.pk).run_at == now + datetime.timedelta(seconds=30)
+
+
+@pytest.mark.django_db
+def test_payload_uses_djangos_json_encoder():
+    when = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.UTC)
+    message = enqueue("t", {"when": when, "amount": __import__("decimal").Decimal("1.50")})
+    assert Message.objects.get(pk=message.pk).payload == {
+        "when": "2026-01-02T03:04:05Z",
+        "amount": "1.50",
+    }
+
+
+# --- dedup --------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_dedup_returns_the_unfinished_message_instead_of_a_second_row():
+    first = enqueue("emails.send", {"to": "a"}, dedup_key="welcome-42")
+    second = enqueue("emails.send", {"to": "b"}, dedup_key="welcome-42")
+    assert first.created is True
+    assert second.created is False, "the return value must say no row was inserted"
+    assert second.pk == first.pk
+    assert second.payload == {"to": "a"}, "the existing message is returned"
+    assert Message.objects.filter(topic="emails.send").count() == 1
+
+
+@pytest.mark.django_db
+def test_dedup_is_per_topic_and_only_among_unfinished_messages():
+    first = enqueue("a", {}, dedup_key="k")
+    assert enqueue("b", {}, dedup_key="k").created is True, "another topic is another key space"
+    Message.objects.filter(pk=first.pk).update(status=Status.PROCESSING)
+    assert enqueue("a", {}, dedup_key="k").created is False, "a leased message is unfinished"
+    Message.objects.filter(pk=first.pk).update(status=Status.DONE)
+    again = enqueue("a", {}, dedup_key="k")
+    assert again.created is True and again.pk != first.pk
+    Message.objects.filter(pk=again.pk).delete()
+    assert enqueue("a", {}, dedup_key="k").created is True
+
+
+@pytest.mark.django_db
+def test_messages_without_dedup_key_never_conflict():
+    assert enqueue("a", {}).pk != enqueue("a", {}).pk
+
+
+def test_dedup_against_a_concurrent_uncommitted_enqueue_waits_for_it(other_connection):
+    # Another client holds an uncommitted message with the key; ON CONFLICT
+    # waits for it, so the outcome follows that transaction's fate.
+    other_connection.autocommit = False
+    other_connection.execute(
+        "INSERT INTO django_pgqueue_message (topic, payload, dedup_key) VALUES ('a', '1', 'k')"
+    )
+    result = {}
+
+    def enqueue_in_a_thread():
+        try:
+            result["message"] = enqueue("a", 2, dedup_key="k")
+        finally:
+            connections.close_all()  # this thread's own connections
+
+    thread = threading.Thread(target=enqueue_in_a_thread)
+    thread.start()
+    thread.join(timeout=0.5)
+    assert thread.is_alive(), "the second enqueue did not wait for the first transaction"
+    other_connection.rollback()
+    thread.join(timeout=10)
+    assert result["message"].created is True, "after the other rollback the key was free"
+
+
+# --- enqueue_many -------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_enqueue_many_writes_all_rows_in_one_statement_and_returns_them():
+    items = [{"payload": {"n": n}} for n in range(1000)]
+    items[10]["priority"] = 5
+    items[20]["topic"] = "other.topic"
+    with CaptureQueriesContext(connections["default"]) as queries:
+        messages = enqueue_many(items, topic="numbers", queue="bulk")
+    inserts = [q["sql"] for q in queries.captured_queries if q["sql"].lstrip().startswith("INSERT")]
+    assert len(inserts) == 1, f"expected one INSERT, got {len(inserts)}"
+    assert len(queries.captured_queries) == 1, "nothing else should be queried"
+    assert [m.payload for m in messages] == [{"n": n} for n in range(1000)]
+    assert all(m.created for m in messages)
+    ids = [m.pk for m in messages]
+    assert ids == sorted(ids), "messages come back in input order"
+    stored = {m.pk: m for m in Message.objects.filter(pk__in=ids)}
+    assert len(stored) == 1000
+    assert stored[ids[10]].priority == 5
+    assert stored[ids[20]].topic == "other.topic"
+    assert {m.queue for m in stored.values()} == {"bulk"}
+
+
+@pytest.mark.django_db
+def test_enqueue_many_with_dedup_keys_reports_each_outcome():
+    existing = enqueue("t", "old", dedup_key="a")
+    messages = enqueue_many(
+        [
+            {"payload": 1, "dedup_key": "a"},  # exists already
+            {"payload": 2, "dedup_key": "b"},
+            {"payload": 3},
+            {"payload": 4, "dedup_key": "b"},  # same key earlier in the batch
+        ],
+        topic="t",
+    )
+    assert [m.created for m in messages] == [False, True, True, False]
+    assert messages[0].pk == existing.pk and messages[0].payload == "old"
+    assert messages[3].pk == messages[1].pk
+    assert Message.objects.count() == 3
+
+
+@pytest.mark.django_db
+def test_enqueue_many_of_nothing_writes_nothing():
+    with CaptureQueriesContext(connections["default"]) as queries:
+        assert enqueue_many([], topic="t") == []
+    assert queries.captured_queries == []
+
+
+# --- another database alias ---------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+@override_settings(PGQUEUE={"DATABASE": "other"})
+def test_queue_on_another_alias_waits_for_the_callers_commit(enqueued_signals):
+    with transaction.atomic(using="default"):
+        message = enqueue("cross", {"n": 1})
+        assert message.pk is None and message.created is None, "inserted before the commit"
+        assert not Message.objects.using("other").exists()
+    assert message.created is True and message.pk is not None
+    row = Message.objects.using("other").get()
+    assert (row.pk, row.payload) == (message.pk, {"n": 1})
+    assert not Message.objects.using("default").exists(), "written to the caller's database"
+    assert enqueued_signals == [(message.pk, "cross", "other")]
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+@override_settings(PGQUEUE={"DATABASE": "other"})
+def test_queue_on_another_alias_enqueues_nothing_when_the_caller_rolls_back(enqueued_signals):
+    with pytest.raises(Rollback), transaction.atomic(using="default"):
+        enqueue("cross", {})
+        enqueue_many([{"payload": 1}], topic="cross")
+        raise Rollback
+    assert not Message.objects.using("other").exists()
+    assert enqueued_signals == []
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+@override_settings(PGQUEUE={"DATABASE": "other"})
+def test_using_names_the_callers_alias():
+    # The caller works in a transaction on "other", the queue's own alias:
+    # the row joins that transaction directly.
+    with transaction.atomic(using="other"):
+        message = enqueue("same", {}, using="other")
+        assert message.pk is not None
+    assert Message.objects.using("other").filter(pk=message.pk).exists()
