@@ -10,6 +10,9 @@ __version__ = "0.1.0.dev0"
 _API = {
     "enqueue": "django_pgqueue.producer",
     "enqueue_many": "django_pgqueue.producer",
+    "handler": "django_pgqueue.registry",
+    "Retry": "django_pgqueue.exceptions",
+    "Permanent": "django_pgqueue.exceptions",
     "InvalidMessage": "django_pgqueue.exceptions",
     "PgQueueError": "django_pgqueue.exceptions",
 }

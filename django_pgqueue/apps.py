@@ -9,10 +9,9 @@ class PgQueueConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from . import (
-            checks,  # noqa: F401  (registers the system checks)
-            notify,
-        )
+        from . import checks, notify, registry
 
+        checks.register()
         # Keep the insert trigger's state in step with PGQUEUE["NOTIFY"].
         post_migrate.connect(notify.sync_trigger_after_migrate, sender=self)
+        registry.autodiscover()  # every installed app's handlers module

@@ -9,12 +9,15 @@ from . import conf
 POSTGRESQL_ENGINES = ("django.db.backends.postgresql",)
 
 
-@checks.register(checks.Tags.compatibility)
+def register():
+    checks.register(check_settings, checks.Tags.compatibility)
+    checks.register(check_database, checks.Tags.compatibility)
+
+
 def check_settings(app_configs=None, **kwargs):
     return [checks.Error(msg, hint=hint, id=id_) for id_, msg, hint in conf.validate()]
 
 
-@checks.register(checks.Tags.database, checks.Tags.compatibility)
 def check_database(app_configs=None, **kwargs):
     from django.conf import settings
 

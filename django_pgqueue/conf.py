@@ -34,6 +34,33 @@ DEFAULTS = {
     "NOTIFY": True,
     # Queue used when enqueue() is given none.
     "DEFAULT_QUEUE": "default",
+    # Attempts before a message becomes a dead letter (a handler's
+    # max_attempts, or a message's, takes precedence).
+    "MAX_ATTEMPTS": 5,
+    # Retry backoff: the delay before attempt n+1 is drawn from
+    # [0, min(BACKOFF_CAP, BACKOFF_BASE * 2 ** (n - 1))] (full jitter), or is
+    # exactly that bound when BACKOFF_JITTER is False. Seconds.
+    "BACKOFF_BASE": 2.0,
+    "BACKOFF_CAP": 3600.0,
+    "BACKOFF_JITTER": True,
+    # DEPENDENCY failures (a downstream service is down) back off this many
+    # times longer than the others.
+    "DEPENDENCY_BACKOFF_FACTOR": 5.0,
+    # Classification rules tried before the built-in ones, first match wins.
+    # Each is a dict with "category" and one or more conditions: "exception"
+    # (a class or dotted path; subclasses match), "message" (a substring of
+    # str(exc)), "regex" (searched in str(exc)), "topic" (equal), "payload"
+    # (a callable or dotted path: payload -> bool).
+    "CLASSIFY_RULES": [],
+    # A callable (or dotted path) (exc, message) -> category or None, asked
+    # before the rules.
+    "CLASSIFIER": None,
+    # Lease (visibility timeout) in seconds. The worker's heartbeat extends it
+    # every third of it while a handler runs; a crashed worker's messages come
+    # back after about one lease.
+    "LEASE_SECONDS": 60.0,
+    # Seconds between polls when no notification arrives (jittered +-10%).
+    "POLL_INTERVAL": 5.0,
 }
 
 
@@ -81,10 +108,107 @@ def _queue(value):
     return name_problem("the queue name", value, QUEUE_MAX_LENGTH)
 
 
+def _positive_int(value):
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return None
+    return "must be a whole number of at least 1"
+
+
+def _positive_number(value):
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < float("inf"):
+        return None
+    return "must be a number of seconds greater than 0"
+
+
+def _factor(value):
+    if isinstance(value, int | float) and not isinstance(value, bool) and 1 <= value < float("inf"):
+        return None
+    return "must be a number of at least 1"
+
+
+def _classifier(value):
+    if value is None or callable(value):
+        return None
+    return _importable(value)
+
+
+def _importable(value):
+    if not isinstance(value, str):
+        return "must be a callable or its dotted path"
+    from django.utils.module_loading import import_string
+
+    try:
+        imported = import_string(value)
+    except ImportError as exc:
+        return f"cannot be imported ({exc})"
+    return None if callable(imported) else "does not name a callable"
+
+
+RULE_CONDITIONS = ("exception", "message", "regex", "topic", "payload")
+
+
+def rule_problem(rule):
+    """Why a CLASSIFY_RULES entry is malformed, or None."""
+    if not isinstance(rule, dict):
+        return "each rule must be a dict"
+    unknown = sorted(set(rule) - {"category", *RULE_CONDITIONS})
+    if unknown:
+        return f"a rule has unknown key(s) {', '.join(unknown)}"
+    categories = ("transient", "dependency", "permanent", "business", "unknown")
+    if rule.get("category") not in categories:
+        return f"a rule's category must be one of {', '.join(categories)}"
+    if not any(key in rule for key in RULE_CONDITIONS):
+        return f"a rule needs at least one condition: {', '.join(RULE_CONDITIONS)}"
+    exception = rule.get("exception")
+    if exception is not None and not (
+        isinstance(exception, type) and issubclass(exception, BaseException)
+    ):
+        from django.utils.module_loading import import_string
+
+        try:
+            imported = import_string(exception) if isinstance(exception, str) else None
+        except ImportError as exc:
+            return f"a rule's exception cannot be imported ({exc})"
+        if not (isinstance(imported, type) and issubclass(imported, BaseException)):
+            return "a rule's exception must be an exception class or its dotted path"
+    for key in ("message", "topic"):
+        if key in rule and not isinstance(rule[key], str):
+            return f"a rule's {key} must be a string"
+    if "regex" in rule:
+        try:
+            re.compile(rule["regex"])
+        except (re.error, TypeError) as exc:
+            return f"a rule's regex does not compile ({exc})"
+    if "payload" in rule and not callable(rule["payload"]):
+        problem = _importable(rule["payload"])
+        if problem:
+            return f"a rule's payload predicate {problem}"
+    return None
+
+
+def _rules(value):
+    if not isinstance(value, list | tuple):
+        return "must be a list of rule dicts"
+    for index, rule in enumerate(value):
+        problem = rule_problem(rule)
+        if problem:
+            return f"rule {index}: {problem}"
+    return None
+
+
 _VALIDATORS = {
     "DATABASE": alias_problem,
     "NOTIFY": _bool,
     "DEFAULT_QUEUE": _queue,
+    "MAX_ATTEMPTS": _positive_int,
+    "BACKOFF_BASE": _positive_number,
+    "BACKOFF_CAP": _positive_number,
+    "BACKOFF_JITTER": _bool,
+    "DEPENDENCY_BACKOFF_FACTOR": _factor,
+    "CLASSIFY_RULES": _rules,
+    "CLASSIFIER": _classifier,
+    "LEASE_SECONDS": _positive_number,
+    "POLL_INTERVAL": _positive_number,
 }
 
 

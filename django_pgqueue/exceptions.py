@@ -1,8 +1,10 @@
-"""Exceptions raised by django-pgqueue.
+"""Exceptions raised by django-pgqueue, and raised by handlers to steer it.
 
 Each class's docstring is its default message, so ``raise InvalidMessage()``
 still says something useful.
 """
+
+import datetime
 
 
 class PgQueueError(Exception):
@@ -14,3 +16,36 @@ class PgQueueError(Exception):
 
 class InvalidMessage(PgQueueError, ValueError):
     """The message cannot be enqueued as given; nothing was written."""
+
+
+class DuplicateHandler(PgQueueError):
+    """Two handlers are registered for one topic."""
+
+
+class Retry(PgQueueError):
+    """Raised by a handler: try this message again later; counts as an attempt.
+
+    ``after`` is the delay in seconds (a number or a timedelta); None lets the
+    backoff policy choose.
+    """
+
+    def __init__(self, reason="retry requested", *, after=None):
+        super().__init__(reason)
+        if isinstance(after, datetime.timedelta):
+            after = after.total_seconds()
+        if after is not None and (
+            not isinstance(after, int | float) or isinstance(after, bool) or not 0 <= after < 1e9
+        ):
+            raise ValueError(f"Retry(after=...) takes seconds >= 0 or a timedelta, not {after!r}")
+        self.after = None if after is None else float(after)
+
+
+class Permanent(PgQueueError):
+    """Raised by a handler: this message can never succeed; dead-letter it now."""
+
+    def __init__(self, reason="permanent failure"):
+        super().__init__(reason)
+
+
+class HandlerTimeout(PgQueueError):
+    """The handler ran past its timeout; its late result is discarded."""

@@ -1,0 +1,376 @@
+"""The message state machine: the only module that changes ``Message.status``.
+
+Every transition is one transaction guarded by the state it expects and, for
+a leased message, by its lease token (the fencing token):
+
+    waiting --claim--> processing --ack--> (deleted)
+                           |--retry_later--> waiting (run_at in the future)
+                           |--release--> waiting (attempt not counted)
+                           |--dead_letter--> DeadLetter row (message deleted)
+                           '--rescue_expired--> waiting, or DeadLetter when exhausted
+
+A guard that matches no row is a named outcome (the lease was lost: the
+message was rescued, timed out or finished elsewhere), logged and returned as
+False or None, never an exception. So a late acknowledgement never finishes a
+rescued message, and a rescue never overwrites a finished one.
+
+``now`` is a parameter wherever time matters; None means the database's clock.
+"""
+
+import datetime
+import logging
+import uuid
+from dataclasses import dataclass
+
+from django.db import connections, transaction
+from django.db.models import F, Value
+from django.db.models.functions import Coalesce, Greatest, Now
+from django.utils import timezone
+
+from . import conf, policy, registry
+from .models import Category, DeadLetter, Message, Status
+from .signals import dead_lettered
+
+logger = logging.getLogger(__name__)
+
+# The next due run_at and the database's own clock in one round trip, so an
+# idle worker's poll is a single query and its sleep does not depend on the
+# worker's clock agreeing with the database's.
+NEXT_DUE_SQL = """
+SELECT now(), (
+    SELECT min(run_at) FROM {table} WHERE status = 'waiting' AND queue = ANY(%s)
+)
+"""
+
+# Maintenance leadership: a transaction-scoped advisory lock, so it works
+# behind a transaction-pooling PgBouncer too (no session state) and is
+# released by the commit or by the connection's death, never leaked.
+MAINTENANCE_LOCK_SQL = "SELECT pg_try_advisory_xact_lock(%s)"
+MAINTENANCE_LOCK_KEY = 0x70677175  # "pgqu"
+
+WORKER_LOST = "worker lost"
+
+
+@dataclass(frozen=True)
+class RescueResult:
+    requeued: int
+    dead_lettered: int
+
+
+def alias():
+    return conf.get("DATABASE")
+
+
+def _lease_expiry(lease_seconds, now):
+    return (now or Now()) + datetime.timedelta(seconds=lease_seconds)
+
+
+def _log_extra(message, **fields):
+    return {"message_id": message.pk, "topic": message.topic, "attempt": message.attempts, **fields}
+
+
+def claim(queues, limit, worker_id, lease_seconds, now=None):
+    """Lease up to ``limit`` ready messages of ``queues`` to ``worker_id``.
+
+    One transaction: SELECT ... FOR UPDATE SKIP LOCKED in claim order (so
+    concurrent workers never wait for each other and never take the same
+    row), then one UPDATE that sets the lease, a fresh fencing token and
+    counts the attempt. Returns the messages as leased.
+    """
+    using = alias()
+    token = uuid.uuid4()
+    with transaction.atomic(using=using):
+        messages = list(
+            Message.objects.using(using)
+            .select_for_update(skip_locked=True)
+            .filter(status=Status.WAITING, queue__in=queues, run_at__lte=now or Now())
+            .order_by("-priority", "run_at", "id")[:limit]
+        )
+        if not messages:
+            return []
+        Message.objects.using(using).filter(pk__in=[m.pk for m in messages]).update(
+            status=Status.PROCESSING,
+            attempts=F("attempts") + 1,
+            lease_token=token,
+            lease_expires_at=_lease_expiry(lease_seconds, now),
+            locked_by=worker_id,
+            updated_at=now or Now(),
+        )
+    expires = (now or timezone.now()) + datetime.timedelta(seconds=lease_seconds)
+    for message in messages:
+        message.status = Status.PROCESSING
+        message.attempts += 1
+        message.lease_token = token
+        message.lease_expires_at = expires
+        message.locked_by = worker_id
+        logger.info(
+            "Message id=%s topic=%s attempt=%s claimed by %s",
+            message.pk,
+            message.topic,
+            message.attempts,
+            worker_id,
+            extra=_log_extra(message, state="claimed", worker=worker_id),
+        )
+    return messages
+
+
+def _leased(message, using):
+    """The message's row, if this lease still holds it."""
+    return Message.objects.using(using).filter(
+        pk=message.pk, status=Status.PROCESSING, lease_token=message.lease_token
+    )
+
+
+def ack(message):
+    """Finish ``message``: delete its row if this lease still holds it.
+
+    Called inside the handler's transaction for atomic handlers, so the
+    handler's writes and the removal commit together. False: the lease was
+    lost, and the caller must roll back.
+    """
+    deleted, _ = _leased(message, alias()).delete()
+    if not deleted:
+        logger.warning(
+            "Message id=%s topic=%s attempt=%s not acknowledged: lease lost",
+            message.pk,
+            message.topic,
+            message.attempts,
+            extra=_log_extra(message, state="lease_lost"),
+        )
+    return bool(deleted)
+
+
+def ack_many(messages):
+    """Finish many messages, one DELETE per claim batch (non-atomic handlers).
+
+    Returns the ids that were still held by their lease and are now finished.
+    """
+    using = alias()
+    finished = set()
+    for token, batch in _by_token(messages).items():
+        ids = {m.pk for m in batch}
+        held = Message.objects.using(using).filter(
+            pk__in=ids, status=Status.PROCESSING, lease_token=token
+        )
+        deleted, _ = held.delete()
+        if deleted == len(ids):
+            finished |= ids
+        else:  # rare: name the ones another worker holds now
+            finished |= ids - set(
+                Message.objects.using(using).filter(pk__in=ids).values_list("pk", flat=True)
+            )
+    for message in messages:
+        if message.pk not in finished:
+            logger.warning(
+                "Message id=%s topic=%s attempt=%s not acknowledged: lease lost",
+                message.pk,
+                message.topic,
+                message.attempts,
+                extra=_log_extra(message, state="lease_lost"),
+            )
+    return finished
+
+
+def retry_later(message, delay, category, error, now=None):
+    """Put ``message`` back to wait ``delay`` seconds, recording the failure.
+
+    The attempt stays counted. False: the lease was lost.
+    """
+    now_value = now or Now()
+    updated = _leased(message, alias()).update(
+        status=Status.WAITING,
+        run_at=now_value + datetime.timedelta(seconds=delay),
+        lease_token=None,
+        lease_expires_at=None,
+        locked_by="",
+        last_error=error,
+        last_error_category=category,
+        first_failed_at=Coalesce("first_failed_at", now_value),
+        updated_at=now_value,
+    )
+    if not updated:
+        logger.warning(
+            "Message id=%s topic=%s attempt=%s retry not recorded: lease lost",
+            message.pk,
+            message.topic,
+            message.attempts,
+            extra=_log_extra(message, state="lease_lost"),
+        )
+    return bool(updated)
+
+
+def release(messages):
+    """Hand leased messages back without counting the attempt (graceful
+    shutdown). Returns how many were still held."""
+    using = alias()
+    released = 0
+    for token, batch in _by_token(messages).items():
+        released += (
+            Message.objects.using(using)
+            .filter(pk__in=[m.pk for m in batch], status=Status.PROCESSING, lease_token=token)
+            .update(
+                status=Status.WAITING,
+                attempts=Greatest(F("attempts") - 1, Value(0)),
+                lease_token=None,
+                lease_expires_at=None,
+                locked_by="",
+                updated_at=Now(),
+            )
+        )
+    return released
+
+
+def extend_leases(messages, lease_seconds, now=None):
+    """Push the leases of ``messages`` forward; returns the ids whose lease
+    was lost (rescued, timed out or finished elsewhere)."""
+    using = alias()
+    lost = set()
+    for token, batch in _by_token(messages).items():
+        ids = [m.pk for m in batch]
+        held = Message.objects.using(using).filter(
+            pk__in=ids, status=Status.PROCESSING, lease_token=token
+        )
+        if held.update(lease_expires_at=_lease_expiry(lease_seconds, now)) < len(ids):
+            lost |= set(ids) - set(held.values_list("pk", flat=True))
+    return lost
+
+
+def dead_letter(
+    message, category, reason, traceback="", worker="", expect=Status.PROCESSING, now=None
+):
+    """Move ``message`` to the dead-letter table: insert the DeadLetter and
+    delete the Message in one transaction, if the message is still in state
+    ``expect`` (and, when leased, still held by this lease).
+
+    Returns the DeadLetter, or None when the guard matched nothing. The
+    ``dead_lettered`` signal is sent after the commit.
+    """
+    using = alias()
+    now = now or timezone.now()
+    with transaction.atomic(using=using):
+        rows = Message.objects.using(using).select_for_update().filter(pk=message.pk, status=expect)
+        if expect == Status.PROCESSING:
+            rows = rows.filter(lease_token=message.lease_token)
+        row = rows.first()
+        if row is None:
+            logger.warning(
+                "Message id=%s topic=%s attempt=%s not dead-lettered: no longer %s",
+                message.pk,
+                message.topic,
+                message.attempts,
+                expect,
+                extra=_log_extra(message, state="lease_lost"),
+            )
+            return None
+        dead = DeadLetter.objects.using(using).create(
+            message_id=row.pk,
+            queue=row.queue,
+            topic=row.topic,
+            payload=row.payload,
+            headers=row.headers,
+            priority=row.priority,
+            group_key=row.group_key,
+            dedup_key=row.dedup_key,
+            category=category,
+            reason=reason,
+            traceback=traceback,
+            attempts=row.attempts,
+            max_attempts=row.max_attempts,
+            first_failed_at=row.first_failed_at or now,
+            last_failed_at=now,
+            dead_lettered_at=now,
+            worker=worker,
+        )
+        Message.objects.using(using).filter(pk=row.pk).delete()
+        transaction.on_commit(
+            lambda: dead_lettered.send(sender=DeadLetter, dead_letter=dead, message_id=row.pk),
+            using=using,
+        )
+    logger.info(
+        "Message id=%s topic=%s attempt=%s dead-lettered as %s: %s",
+        row.pk,
+        row.topic,
+        row.attempts,
+        category,
+        reason.splitlines()[0] if reason else "",
+        extra=_log_extra(row, state="dead_lettered", category=category, worker=worker),
+    )
+    return dead
+
+
+def rescue_expired(now=None, limit=1000):
+    """Return messages whose lease expired (their worker died) to the queue,
+    with the failure recorded and the attempt counted; dead-letter those that
+    have used up their attempts.
+
+    Rows are locked with SKIP LOCKED and re-checked in the UPDATE's WHERE, so
+    a message being acknowledged right now is left alone.
+    """
+    using = alias()
+    now_value = now or Now()
+    with transaction.atomic(using=using):
+        expired = list(
+            Message.objects.using(using)
+            .select_for_update(skip_locked=True)
+            .filter(status=Status.PROCESSING, lease_expires_at__lt=now_value)
+            .order_by("lease_expires_at")[:limit]
+        )
+        requeue, exhausted = [], []
+        for message in expired:
+            spec = registry.lookup(message.topic)
+            limit_reached = message.attempts >= policy.max_attempts_for(message, spec)
+            (exhausted if limit_reached else requeue).append(message)
+        for message in requeue:
+            error = f"{WORKER_LOST}: the lease of {message.locked_by or 'a worker'} expired"
+            _leased(message, using).filter(lease_expires_at__lt=now_value).update(
+                status=Status.WAITING,
+                run_at=now_value,
+                lease_token=None,
+                lease_expires_at=None,
+                locked_by="",
+                last_error=error,
+                last_error_category=Category.TRANSIENT,
+                first_failed_at=Coalesce("first_failed_at", now_value),
+                updated_at=now_value,
+            )
+            logger.warning(
+                "Message id=%s topic=%s attempt=%s rescued: %s",
+                message.pk,
+                message.topic,
+                message.attempts,
+                error,
+                extra=_log_extra(message, state="rescued"),
+            )
+        for message in exhausted:
+            dead_letter(
+                message,
+                Category.TRANSIENT,
+                f"{WORKER_LOST}: the lease of {message.locked_by or 'a worker'} expired "
+                f"on the last of {message.attempts} attempts",
+                worker=message.locked_by,
+                now=now,
+            )
+    return RescueResult(requeued=len(requeue), dead_lettered=len(exhausted))
+
+
+def try_maintenance_lock():
+    """Inside a transaction: take the maintenance lock if no one holds it."""
+    with connections[alias()].cursor() as cursor:
+        cursor.execute(MAINTENANCE_LOCK_SQL, [MAINTENANCE_LOCK_KEY])
+        return cursor.fetchone()[0]
+
+
+def next_due(queues):
+    """(database now, the earliest run_at of a waiting message in ``queues`` or None)."""
+    connection = connections[alias()]
+    sql = NEXT_DUE_SQL.format(table=connection.ops.quote_name(Message._meta.db_table))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [list(queues)])
+        return cursor.fetchone()
+
+
+def _by_token(messages):
+    groups = {}
+    for message in messages:
+        groups.setdefault(message.lease_token, []).append(message)
+    return groups

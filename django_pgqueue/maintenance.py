@@ -1,0 +1,41 @@
+"""Background duties that one worker at a time performs.
+
+``run_once`` is called by every worker's heartbeat thread; the first to take
+the transaction-scoped advisory lock does the work, the others skip. Each
+duty returns counts; the loop in worker.py only schedules.
+"""
+
+import logging
+from dataclasses import dataclass
+
+from django.db import transaction
+
+from . import lifecycle
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MaintenanceResult:
+    rescued: int
+    rescued_dead_lettered: int
+
+
+def run_once(now=None, rescue_limit=1000):
+    """Do one round of maintenance if no other worker is doing it.
+
+    Returns a MaintenanceResult, or None when another worker holds the lock.
+    """
+    with transaction.atomic(using=lifecycle.alias()):
+        if not lifecycle.try_maintenance_lock():
+            return None
+        rescue = lifecycle.rescue_expired(now=now, limit=rescue_limit)
+    result = MaintenanceResult(rescued=rescue.requeued, rescued_dead_lettered=rescue.dead_lettered)
+    if rescue.requeued or rescue.dead_lettered:
+        logger.info(
+            "Maintenance: rescued %s message(s) of lost workers, dead-lettered %s",
+            rescue.requeued,
+            rescue.dead_lettered,
+            extra={"rescued": rescue.requeued},
+        )
+    return result

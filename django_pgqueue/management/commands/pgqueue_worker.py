@@ -1,0 +1,148 @@
+"""manage.py pgqueue_worker: run a worker until SIGTERM/SIGINT (or, with
+--burst, until nothing is ready)."""
+
+import argparse
+import logging
+import os
+import sys
+
+from django.core.management.base import BaseCommand
+from django.db import connections
+
+from django_pgqueue import conf
+from django_pgqueue.worker import Worker
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def seconds(text, allow_zero=False):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (0 <= value < float("inf")) or (value == 0 and not allow_zero):
+        raise argparse.ArgumentTypeError(
+            f"must be {'zero or more' if allow_zero else 'more than zero'} seconds, not {text}"
+        )
+    return value
+
+
+def seconds_or_zero(text):
+    return seconds(text, allow_zero=True)
+
+
+def queue_list(text):
+    queues = [q.strip() for q in text.split(",") if q.strip()]
+    if not queues:
+        raise argparse.ArgumentTypeError("give at least one queue name")
+    for name in queues:
+        problem = conf.name_problem("queue name", name, conf.QUEUE_MAX_LENGTH)
+        if problem:
+            raise argparse.ArgumentTypeError(problem)
+    return queues
+
+
+def log_level(text):
+    if text.upper() not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(LOG_LEVELS)}")
+    return text.upper()
+
+
+class Command(BaseCommand):
+    help = "Run a django-pgqueue worker: claim messages and run their handlers."
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--queues",
+            type=queue_list,
+            default=None,
+            help="comma-separated queues to work on (default: PGQUEUE['DEFAULT_QUEUE'])",
+        )
+        parser.add_argument(
+            "--concurrency",
+            type=positive_int,
+            default=4,
+            help="handler threads, each with its own database connection (default: 4)",
+        )
+        parser.add_argument(
+            "--batch-size",
+            type=positive_int,
+            default=None,
+            help="most messages claimed in one transaction (default: the concurrency)",
+        )
+        parser.add_argument("--burst", action="store_true", help="exit 0 when no message is ready")
+        parser.add_argument(
+            "--max-messages",
+            type=positive_int,
+            default=None,
+            help="exit after claiming this many messages",
+        )
+        parser.add_argument(
+            "--shutdown-timeout",
+            type=seconds_or_zero,
+            default=30.0,
+            help="seconds in-flight handlers get to finish after SIGTERM/SIGINT (default: 30)",
+        )
+        parser.add_argument(
+            "--poll-interval",
+            type=seconds,
+            default=None,
+            help="seconds between polls when no notification arrives "
+            "(default: PGQUEUE['POLL_INTERVAL'])",
+        )
+        parser.add_argument(
+            "--lease",
+            type=seconds,
+            default=None,
+            help="lease (visibility timeout) in seconds (default: PGQUEUE['LEASE_SECONDS'])",
+        )
+        parser.add_argument(
+            "--log-level",
+            type=log_level,
+            default="INFO",
+            help=f"one of {', '.join(LOG_LEVELS)} (default: INFO)",
+        )
+
+    def handle(self, *args, **options):
+        self._configure_logging(options["log_level"])
+        _name_connections(f"pgqueue_worker#{os.getpid()}")
+        worker = Worker(
+            queues=options["queues"],
+            concurrency=options["concurrency"],
+            batch_size=options["batch_size"],
+            burst=options["burst"],
+            max_messages=options["max_messages"],
+            shutdown_timeout=options["shutdown_timeout"],
+            poll_interval=options["poll_interval"],
+            lease_seconds=options["lease"],
+        )
+        worker.run(install_signals=True)
+
+    def _configure_logging(self, level):
+        logger = logging.getLogger("django_pgqueue")
+        logger.setLevel(level)
+        if not logger.handlers and not logging.getLogger().handlers:
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(
+                logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s")
+            )
+            logger.addHandler(handler)
+
+
+def _name_connections(application_name):
+    """Make every database connection of this process show up as the worker in
+    pg_stat_activity (unless the project names its connections itself)."""
+    for alias in connections:
+        options = connections[alias].settings_dict.setdefault("OPTIONS", {})
+        options.setdefault("application_name", application_name)
+    connections.close_all()

@@ -1,0 +1,137 @@
+"""Handlers: ``@handler(topic, ...)`` and the lookup from topic to handler.
+
+Handlers live in a ``handlers`` module of any installed app; the app's
+``ready()`` imports them all (``autodiscover``), the way the admin finds
+``admin.py``. A second handler for a topic stops start-up with both
+locations named.
+"""
+
+import datetime
+import inspect
+from dataclasses import dataclass
+
+from django.utils.module_loading import autodiscover_modules
+
+from . import conf
+from .exceptions import DuplicateHandler
+
+_handlers = {}
+
+
+@dataclass(frozen=True)
+class HandlerSpec:
+    topic: str
+    func: object
+    max_attempts: int | None
+    timeout: float | None
+    atomic: bool
+    backoff_base: float | None
+    backoff_cap: float | None
+    backoff_jitter: bool | None
+    is_async: bool
+    location: str
+
+    def __call__(self, message):
+        return self.func(message)
+
+
+def handler(
+    topic,
+    *,
+    max_attempts=None,
+    timeout=None,
+    atomic=True,
+    backoff_base=None,
+    backoff_cap=None,
+    backoff_jitter=None,
+):
+    """Register the decorated function as the handler of ``topic``.
+
+    ``atomic=True`` runs the handler and the message's acknowledgement in one
+    transaction on the queue's database. ``timeout`` (seconds) bounds how long
+    the worker waits for it. The other options override the PGQUEUE settings
+    of the same name for this topic. ``async def`` functions are accepted.
+    """
+    problem = conf.name_problem("topic", topic, conf.TOPIC_MAX_LENGTH)
+    if problem:
+        raise ValueError(f"@handler: {problem}")
+    if max_attempts is not None and not (_is_int(max_attempts) and max_attempts >= 1):
+        raise ValueError(f"@handler({topic!r}): max_attempts must be at least 1")
+    timeout = _seconds("timeout", topic, timeout)
+    backoff_base = _seconds("backoff_base", topic, backoff_base)
+    backoff_cap = _seconds("backoff_cap", topic, backoff_cap)
+    if not isinstance(atomic, bool):
+        raise ValueError(f"@handler({topic!r}): atomic must be True or False")
+    if backoff_jitter is not None and not isinstance(backoff_jitter, bool):
+        raise ValueError(f"@handler({topic!r}): backoff_jitter must be True, False or None")
+
+    def decorate(func):
+        if not callable(func):
+            raise TypeError(f"@handler({topic!r}) decorates a callable, not {func!r}")
+        spec = HandlerSpec(
+            topic=topic,
+            func=func,
+            max_attempts=max_attempts,
+            timeout=timeout,
+            atomic=atomic,
+            backoff_base=backoff_base,
+            backoff_cap=backoff_cap,
+            backoff_jitter=backoff_jitter,
+            is_async=inspect.iscoroutinefunction(func),
+            location=_location(func),
+        )
+        register(spec)
+        return func
+
+    return decorate
+
+
+def register(spec):
+    existing = _handlers.get(spec.topic)
+    if existing is not None and existing.location != spec.location:
+        raise DuplicateHandler(
+            f"two handlers for topic {spec.topic!r}: {existing.location} and {spec.location}"
+        )
+    _handlers[spec.topic] = spec
+
+
+def unregister(topic):
+    """Forget the handler of ``topic`` (for tests and reloading)."""
+    _handlers.pop(topic, None)
+
+
+def lookup(topic):
+    """The HandlerSpec for ``topic``, or None."""
+    return _handlers.get(topic)
+
+
+def topics():
+    return sorted(_handlers)
+
+
+def autodiscover():
+    autodiscover_modules("handlers")
+
+
+def _location(func):
+    func = inspect.unwrap(func)
+    try:
+        line = inspect.getsourcelines(func)[1]
+    except (OSError, TypeError):
+        line = "?"
+    filename = inspect.getsourcefile(func) or getattr(func, "__module__", "?")
+    return f"{func.__module__}.{func.__qualname__} ({filename}:{line})"
+
+
+def _seconds(name, topic, value):
+    if value is None:
+        return None
+    if isinstance(value, datetime.timedelta):
+        value = value.total_seconds()
+    if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value < 1e9:
+        raise ValueError(f"@handler({topic!r}): {name} must be a positive number of seconds")
+    return float(value)
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -1,0 +1,646 @@
+"""The worker: claim ready messages, run their handlers, acknowledge them.
+
+Threads of one worker process:
+
+- the main thread runs the loop: flush acknowledgements, claim up to the
+  free capacity, hand messages to the pool, then wait for a notification,
+  a free slot, the next due run_at or the poll interval;
+- the listener holds a dedicated psycopg connection (never one of Django's
+  pooled connections, which would carry the LISTEN to their next user) and
+  wakes the loop when a NOTIFY names one of its queues;
+- the heartbeat extends the leases of in-flight messages and runs
+  maintenance (rescue of crashed workers' messages);
+- ``concurrency`` handler threads, each with its own database connection.
+
+Connections are kept open across messages (reconnecting per message costs
+several times the work); a connection is dropped only when it is broken.
+"""
+
+import itertools
+import logging
+import math
+import os
+import queue
+import random
+import signal
+import socket
+import threading
+import time
+import traceback
+import uuid
+from dataclasses import dataclass
+
+import psycopg
+from asgiref.sync import async_to_sync
+from django.db import DatabaseError, connections, transaction
+
+from . import conf, lifecycle, maintenance, policy, registry
+from .exceptions import HandlerTimeout, Retry
+from .models import Category
+from .notify import CHANNEL
+from .signals import message_done, message_retried
+
+logger = logging.getLogger(__name__)
+
+# Database trouble in the main loop: wait this long, doubling up to the cap.
+RECONNECT_DELAY = 0.5
+RECONNECT_DELAY_CAP = 30.0
+
+
+class _LeaseLost(Exception):
+    """The acknowledgement found the lease gone: roll the handler back."""
+
+
+DONE, ACK_PENDING, FAILED, LOST = "done", "ack_pending", "failed", "lost"
+
+
+@dataclass(eq=False)
+class _Job:
+    message: object
+    spec: object
+    started: float | None = None  # time.monotonic() when a thread picked it up
+    deadline: float | None = None
+    thread: int | None = None
+    abandoned: bool = False  # timed out or handed back: its late result is discarded
+    lease_lost: bool = False
+    duration: float | None = None  # seconds the handler took
+
+
+class Worker:
+    """One worker process's engine. ``run()`` blocks until stopped (or, in
+    burst mode, until nothing is ready); ``stop()`` may be called from any
+    thread or a signal handler."""
+
+    def __init__(
+        self,
+        queues=None,
+        concurrency=4,
+        batch_size=None,
+        burst=False,
+        max_messages=None,
+        shutdown_timeout=30.0,
+        poll_interval=None,
+        lease_seconds=None,
+        worker_id=None,
+    ):
+        self.queues = list(queues or [conf.get("DEFAULT_QUEUE")])
+        self.concurrency = concurrency
+        self.batch_size = batch_size or max(concurrency, 1)
+        self.burst = burst
+        self.max_messages = max_messages
+        self.shutdown_timeout = shutdown_timeout
+        self.poll_interval = poll_interval or conf.get("POLL_INTERVAL")
+        self.lease_seconds = lease_seconds or conf.get("LEASE_SECONDS")
+        self.listen = conf.get("NOTIFY")
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.claimed = 0
+        self.processed = 0  # acknowledged, retried or dead-lettered by this worker
+
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._notified = False
+        self._stopping = threading.Event()  # no more claims
+        self._exit = threading.Event()  # helper threads end
+        self._inflight = {}  # message id -> _Job whose handler runs
+        self._unacked = {}  # message id -> _Job done, acknowledgement not yet flushed
+        self._pool = None
+        self._threads = []
+
+    # --- public ---------------------------------------------------------------
+
+    def run(self, install_signals=False):
+        previous = self._install_signals() if install_signals else None
+        logger.info(
+            "Worker %s starting: queues=%s concurrency=%s batch=%s notify=%s lease=%ss",
+            self.worker_id,
+            ",".join(self.queues),
+            self.concurrency,
+            self.batch_size,
+            self.listen,
+            self.lease_seconds,
+        )
+        self._pool = _HandlerPool(self.concurrency, self._run_job)
+        self._start_thread(self._heartbeat_loop, "pgqueue-heartbeat")
+        if self.listen:
+            self._start_thread(self._listen_loop, "pgqueue-listener")
+        try:
+            self._loop()
+        finally:
+            self._shutdown()
+            if previous:
+                for signum, handler in previous.items():
+                    signal.signal(signum, handler)
+        logger.info("Worker %s stopped after %s message(s)", self.worker_id, self.processed)
+        return self.processed
+
+    def stop(self):
+        """Stop claiming; in-flight handlers get ``shutdown_timeout`` to finish."""
+        self._stopping.set()
+        self._wake.set()
+
+    # --- the loop -------------------------------------------------------------
+
+    def _loop(self):
+        ready_hint = True  # catch up on whatever is ready at start
+        probe = False
+        due_at = None
+        next_poll = time.monotonic() + self._poll_delay()
+        db_delay = RECONNECT_DELAY
+        while not self._stopping.is_set():
+            try:
+                self._flush_acks()
+                self._expire_timeouts()
+                if self._limit_reached() and not self._busy():
+                    break
+                if ready_hint and self._free_slots() > 0:
+                    asked, got = self._claim()
+                    ready_hint = got == asked  # a full batch: more may be waiting
+                    probe = probe or got < asked
+                if probe:
+                    probe = False
+                    db_now, next_run_at = lifecycle.next_due(self.queues)
+                    if next_run_at is not None and next_run_at <= db_now:
+                        ready_hint = True
+                    elif self.burst and not self._busy():
+                        break
+                    due_at = (
+                        None
+                        if next_run_at is None
+                        else time.monotonic() + (next_run_at - db_now).total_seconds()
+                    )
+                db_delay = RECONNECT_DELAY
+            except DatabaseError as exc:
+                _drop_broken_connections()
+                logger.warning(
+                    "Worker %s: database error (%s); retrying in %.1fs",
+                    self.worker_id,
+                    str(exc).strip().splitlines()[0] if str(exc) else exc,
+                    db_delay,
+                )
+                self._stopping.wait(db_delay * random.uniform(0.8, 1.2))
+                db_delay = min(db_delay * 2, RECONNECT_DELAY_CAP)
+                ready_hint = probe = True
+                continue
+            if ready_hint and self._free_slots() > 0 and not self._limit_reached():
+                continue
+            now = time.monotonic()
+            wake_at = min(next_poll, due_at or math.inf, self._next_deadline())
+            self._wake.wait(max(0.0, wake_at - now))
+            self._wake.clear()
+            now = time.monotonic()
+            with self._lock:
+                if self._notified:
+                    self._notified = False
+                    ready_hint = True
+            if due_at is not None and now >= due_at:
+                due_at = None
+                ready_hint = True
+            if now >= next_poll:
+                next_poll = now + self._poll_delay()
+                probe = True
+            if self.burst and not self._busy():
+                probe = True
+
+    def _claim(self):
+        asked = min(self._free_slots(), self.batch_size)
+        if self.max_messages is not None:
+            asked = min(asked, self.max_messages - self.claimed)
+        messages = lifecycle.claim(self.queues, asked, self.worker_id, self.lease_seconds)
+        self.claimed += len(messages)
+        for message in messages:
+            job = _Job(message=message, spec=registry.lookup(message.topic))
+            with self._lock:
+                self._inflight[message.pk] = job
+            self._pool.submit(job)
+        return asked, len(messages)
+
+    def _free_slots(self):
+        with self._lock:
+            return self.concurrency - len(self._inflight) - self._pool.stuck()
+
+    def _busy(self):
+        with self._lock:
+            return bool(self._inflight or self._unacked)
+
+    def _limit_reached(self):
+        return self.max_messages is not None and self.claimed >= self.max_messages
+
+    def _poll_delay(self):
+        return self.poll_interval * random.uniform(0.9, 1.1)
+
+    def _next_deadline(self):
+        with self._lock:
+            deadlines = [j.deadline for j in self._inflight.values() if j.deadline is not None]
+        return min(deadlines, default=math.inf)
+
+    # --- handler threads ------------------------------------------------------
+
+    def _run_job(self, job):
+        message, spec = job.message, job.spec
+        job.started = time.monotonic()
+        if spec is not None and spec.timeout is not None:
+            job.deadline = job.started + spec.timeout
+        job.thread = threading.get_ident()
+        try:
+            if spec is None:
+                self._record_failure(
+                    job,
+                    LookupError(f"no handler for topic {message.topic!r}"),
+                    category=Category.PERMANENT,
+                )
+                outcome = FAILED
+            elif spec.atomic:
+                with transaction.atomic(using=lifecycle.alias()):
+                    _call(spec, message)
+                    if job.abandoned or not lifecycle.ack(message):
+                        raise _LeaseLost
+                outcome = DONE
+            else:
+                _call(spec, message)
+                outcome = ACK_PENDING
+        except _LeaseLost:
+            logger.warning(
+                "Message id=%s topic=%s attempt=%s: lease lost before the commit; "
+                "the handler's database writes were rolled back",
+                message.pk,
+                message.topic,
+                message.attempts,
+            )
+            outcome = LOST
+        except BaseException as exc:  # noqa: BLE001  (a handler may raise anything)
+            outcome = LOST if job.abandoned else self._record_failure(job, exc)
+        finally:
+            _drop_broken_connections()
+        self._finished(job, outcome)
+
+    def _finished(self, job, outcome):
+        duration = time.monotonic() - job.started
+        message = job.message
+        with self._lock:
+            if self._inflight.get(message.pk) is job:
+                del self._inflight[message.pk]
+            if outcome == ACK_PENDING and not job.abandoned:
+                job.duration = duration
+                self._unacked[message.pk] = job
+            elif outcome in (DONE, FAILED):
+                self.processed += 1
+        if outcome == DONE:
+            self._log_done(message, duration)
+        self._wake.set()
+
+    def _log_done(self, message, duration):
+        logger.info(
+            "Message id=%s topic=%s attempt=%s done in %.3fs",
+            message.pk,
+            message.topic,
+            message.attempts,
+            duration,
+            extra={
+                "message_id": message.pk,
+                "topic": message.topic,
+                "attempt": message.attempts,
+                "duration": duration,
+                "state": "done",
+            },
+        )
+        message_done.send(
+            sender=type(message), message=message, duration=duration, worker=self.worker_id
+        )
+
+    def _record_failure(self, job, exc, category=None):
+        """Retry or dead-letter ``job``'s message after ``exc``; returns FAILED or LOST."""
+        message, spec = job.message, job.spec
+        try:
+            if category is None:
+                category = policy.classify(exc, message)
+        except Exception:  # a broken CLASSIFIER must not lose the message
+            logger.exception("Message id=%s: classification failed; using UNKNOWN", message.pk)
+            category = Category.UNKNOWN
+        reason = _reason(exc)
+        trace = "".join(traceback.format_exception(exc))
+        decision = policy.decide(
+            category,
+            message.attempts,
+            policy.max_attempts_for(message, spec),
+            spec,
+            retry_after=exc.after if isinstance(exc, Retry) else None,
+        )
+        try:
+            if decision.action == policy.RETRY:
+                if not lifecycle.retry_later(
+                    message, decision.delay, category, f"{reason}\n\n{trace}".strip()
+                ):
+                    return LOST
+                logger.info(
+                    "Message id=%s topic=%s attempt=%s failed (%s: %s); retry in %.1fs",
+                    message.pk,
+                    message.topic,
+                    message.attempts,
+                    category,
+                    reason,
+                    decision.delay,
+                    extra={
+                        "message_id": message.pk,
+                        "topic": message.topic,
+                        "attempt": message.attempts,
+                        "category": category,
+                        "state": "retry_scheduled",
+                    },
+                )
+                message_retried.send(
+                    sender=type(message),
+                    message=message,
+                    category=category,
+                    reason=reason,
+                    delay=decision.delay,
+                    worker=self.worker_id,
+                )
+            elif (
+                lifecycle.dead_letter(message, category, reason, trace, worker=self.worker_id)
+                is None
+            ):
+                return LOST
+        except DatabaseError:
+            _drop_broken_connections()
+            logger.exception(
+                "Message id=%s topic=%s: could not record the failure; its lease will expire "
+                "and maintenance will return it to the queue",
+                message.pk,
+                message.topic,
+            )
+            return LOST
+        return FAILED
+
+    # --- acknowledgements, timeouts -------------------------------------------
+
+    def _flush_acks(self):
+        with self._lock:
+            jobs = list(self._unacked.values())
+        if not jobs:
+            return
+        finished = lifecycle.ack_many([job.message for job in jobs])
+        with self._lock:
+            for job in jobs:
+                self._unacked.pop(job.message.pk, None)
+            self.processed += len(finished)
+        for job in jobs:
+            if job.message.pk in finished:
+                self._log_done(job.message, job.duration)
+
+    def _expire_timeouts(self):
+        now = time.monotonic()
+        with self._lock:
+            late = [
+                j for j in self._inflight.values() if j.deadline is not None and now > j.deadline
+            ]
+        for job in late:
+            job.abandoned = True  # whatever the handler does now is discarded
+            with self._lock:
+                self._inflight.pop(job.message.pk, None)
+            self._pool.abandon(job.thread)
+            timeout = job.spec.timeout
+            logger.warning(
+                "Message id=%s topic=%s attempt=%s: handler ran past its timeout of %ss",
+                job.message.pk,
+                job.message.topic,
+                job.message.attempts,
+                timeout,
+            )
+            exc = HandlerTimeout(f"timeout: the handler ran past {timeout}s")
+            if self._record_failure(job, exc, category=Category.TRANSIENT) == FAILED:
+                with self._lock:
+                    self.processed += 1
+
+    # --- heartbeat ------------------------------------------------------------
+
+    def _heartbeat_loop(self):
+        interval = self.lease_seconds / 3
+        maintenance_every = min(self.lease_seconds / 4, 15.0)
+        next_maintenance = time.monotonic()
+        while True:
+            try:
+                if time.monotonic() >= next_maintenance:
+                    maintenance.run_once()
+                    next_maintenance = time.monotonic() + maintenance_every
+                self._extend_leases()
+            except DatabaseError as exc:
+                _drop_broken_connections()
+                logger.warning("Worker %s heartbeat: database error (%s)", self.worker_id, exc)
+            if self._exit.wait(min(interval, maintenance_every)):
+                break
+        connections.close_all()
+
+    def _extend_leases(self):
+        with self._lock:
+            jobs = [
+                j
+                for j in itertools.chain(self._inflight.values(), self._unacked.values())
+                if not j.abandoned
+            ]
+        if not jobs:
+            return
+        lost = lifecycle.extend_leases([j.message for j in jobs], self.lease_seconds)
+        for job in jobs:
+            if job.message.pk in lost and not job.lease_lost:
+                job.lease_lost = True
+                logger.warning(
+                    "Message id=%s topic=%s attempt=%s: lease lost while the handler ran",
+                    job.message.pk,
+                    job.message.topic,
+                    job.message.attempts,
+                )
+
+    # --- wake-ups -------------------------------------------------------------
+
+    def _listen_loop(self):
+        delay = RECONNECT_DELAY
+        while not self._exit.is_set():
+            try:
+                with _listen_connection(self.worker_id) as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    delay = RECONNECT_DELAY
+                    self._notify()  # poll once: notifications missed while away are gone
+                    while not self._exit.is_set():
+                        for notification in conn.notifies(timeout=1.0):
+                            if notification.payload in self.queues:
+                                self._notify()
+            except psycopg.Error as exc:
+                if self._exit.is_set():
+                    break
+                logger.warning(
+                    "Worker %s listener: %s; reconnecting in %.1fs",
+                    self.worker_id,
+                    str(exc).strip() or type(exc).__name__,
+                    delay,
+                )
+                self._exit.wait(delay * random.uniform(0.8, 1.2))
+                delay = min(delay * 2, RECONNECT_DELAY_CAP)
+
+    def _notify(self):
+        with self._lock:
+            self._notified = True
+        self._wake.set()
+
+    # --- start and end --------------------------------------------------------
+
+    def _start_thread(self, target, name):
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _install_signals(self):
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        received = []
+
+        def on_signal(signum, frame):
+            if received:
+                logger.warning("Worker %s: second signal, exiting at once", self.worker_id)
+                os._exit(1)
+            received.append(signum)
+            logger.info(
+                "Worker %s: %s received, finishing in-flight messages",
+                self.worker_id,
+                signal.Signals(signum).name,
+            )
+            self.stop()
+
+        return {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def _shutdown(self):
+        self._stopping.set()
+        deadline = time.monotonic() + self.shutdown_timeout
+        while self._busy() and time.monotonic() < deadline:
+            try:
+                self._flush_acks()
+                self._expire_timeouts()
+            except DatabaseError:
+                _drop_broken_connections()
+            if not self._busy():
+                break
+            self._wake.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+            self._wake.clear()
+        with self._lock:
+            leftover = list(self._inflight.values()) + list(self._unacked.values())
+            for job in leftover:
+                job.abandoned = True
+        if leftover:
+            try:
+                released = lifecycle.release([job.message for job in leftover])
+                logger.warning(
+                    "Worker %s: handed back %s unfinished message(s) without counting the attempt",
+                    self.worker_id,
+                    released,
+                )
+            except DatabaseError:
+                logger.exception(
+                    "Worker %s: could not hand back unfinished messages; "
+                    "they return when their lease expires",
+                    self.worker_id,
+                )
+        self._exit.set()
+        if self._pool is not None:
+            self._pool.shutdown()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        connections.close_all()
+
+
+class _HandlerPool:
+    """``size`` threads that run jobs. A thread stuck in a timed-out handler
+    is replaced, so a hung handler does not take capacity away; at most
+    ``size`` stuck threads are replaced, beyond that capacity shrinks."""
+
+    def __init__(self, size, run_job):
+        self._size = size
+        self._run_job = run_job
+        self._tasks = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._abandoned = set()
+        self._unreplaced = 0
+        self._names = itertools.count(1)
+        for _ in range(size):
+            self._spawn()
+
+    def _spawn(self):
+        threading.Thread(
+            target=self._work, name=f"pgqueue-handler-{next(self._names)}", daemon=True
+        ).start()
+
+    def submit(self, job):
+        self._tasks.put(job)
+
+    def stuck(self):
+        return self._unreplaced
+
+    def abandon(self, ident):
+        with self._lock:
+            if ident is None or ident in self._abandoned:
+                return
+            self._abandoned.add(ident)
+            if len(self._abandoned) > self._size:
+                self._unreplaced += 1
+                logger.error(
+                    "%s handler threads are stuck past their timeouts; "
+                    "capacity is reduced until they return",
+                    len(self._abandoned),
+                )
+                return
+        self._spawn()
+
+    def shutdown(self):
+        for _ in range(self._size + len(self._abandoned)):
+            self._tasks.put(None)
+
+    def _work(self):
+        ident = threading.get_ident()
+        try:
+            while True:
+                job = self._tasks.get()
+                if job is None:
+                    break
+                self._run_job(job)
+                with self._lock:
+                    if ident in self._abandoned:
+                        self._abandoned.discard(ident)
+                        if self._unreplaced:
+                            self._unreplaced -= 1
+                            continue  # this thread takes its own place again
+                        break
+        finally:
+            connections.close_all()
+
+
+def _call(spec, message):
+    if spec.is_async:
+        # async_to_sync runs the coroutine on an event loop while this thread
+        # serves its sync_to_async calls, so ORM work lands in this thread's
+        # connection, inside the handler's transaction.
+        return async_to_sync(spec.func)(message)
+    return spec.func(message)
+
+
+def _reason(exc):
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _drop_broken_connections():
+    """Close this thread's connections that an error left unusable; keep the rest."""
+    for connection in connections.all(initialized_only=True):
+        if connection.connection is None or not connection.errors_occurred:
+            continue
+        if connection.in_atomic_block or not connection.is_usable():
+            connection.close()
+        else:
+            connection.errors_occurred = False
+
+
+def _listen_connection(worker_id):
+    """A psycopg connection of its own, in autocommit (notifications are only
+    delivered between transactions), named in pg_stat_activity."""
+    params = connections[lifecycle.alias()].get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    params["application_name"] = f"pgqueue_listener#{os.getpid()}"
+    return psycopg.connect(**params, autocommit=True)

@@ -1,0 +1,101 @@
+"""Handlers of the demo project. The demo.* topics show the failure policy;
+the test.* topics are driven by the test suite's worker processes."""
+
+import os
+import time
+
+from django.core.exceptions import ValidationError
+
+from django_pgqueue import Permanent, Retry, handler
+
+from .models import Handled
+
+
+def record(message):
+    Handled.objects.create(
+        message_id=message.pk, topic=message.topic, attempt=message.attempts, pid=os.getpid()
+    )
+
+
+# --- the demo ---------------------------------------------------------------
+
+
+@handler("demo.welcome_email")
+def welcome_email(message):
+    record(message)
+
+
+@handler("demo.charge_card", backoff_base=0.2, backoff_cap=1.0)
+def charge_card(message):
+    # The payment service is "down" for the first attempts.
+    if message.attempts < message.payload.get("succeed_on_attempt", 2):
+        raise ConnectionError("payment service unreachable")
+    record(message)
+
+
+@handler("demo.import_row")
+def import_row(message):
+    if "sku" not in message.payload:
+        raise Permanent(f"row without a sku: {message.payload!r}")
+    record(message)
+
+
+@handler("demo.reserve_stock")
+def reserve_stock(message):
+    if message.payload.get("quantity", 0) > 100:
+        raise ValidationError("cannot reserve more than 100 items")
+    record(message)
+
+
+# --- for the tests ------------------------------------------------------------
+
+
+@handler("test.record")
+def test_record(message):
+    record(message)
+
+
+@handler("test.record_nonatomic", atomic=False)
+def test_record_nonatomic(message):
+    record(message)
+
+
+@handler("test.sleep")
+def test_sleep(message):
+    time.sleep(message.payload.get("seconds", 1))
+    record(message)
+
+
+@handler("test.timeout", timeout=1, max_attempts=2, backoff_base=0.1, backoff_cap=0.1)
+def test_timeout(message):
+    time.sleep(message.payload.get("seconds", 5))
+    record(message)
+
+
+FAILURES = {
+    "ValueError": lambda: ValueError("malformed value"),
+    "ConnectionError": lambda: ConnectionError("downstream is down"),
+    "TimeoutError": lambda: TimeoutError("took too long"),
+    "RuntimeError": lambda: RuntimeError("something odd"),
+    "ValidationError": lambda: ValidationError("rule says no"),
+    "Permanent": lambda: Permanent("cannot ever work"),
+}
+
+
+@handler("test.fail", backoff_base=0.05, backoff_cap=0.2)
+def test_fail(message):
+    """Fails with payload["raise"] for the first payload["times"] attempts
+    (all of them if "times" is absent); payload["after"] asks Retry(after=)."""
+    times = message.payload.get("times")
+    if times is None or message.attempts <= times:
+        if "after" in message.payload:
+            raise Retry("asked to retry", after=message.payload["after"])
+        raise FAILURES[message.payload.get("raise", "RuntimeError")]()
+    record(message)
+
+
+@handler("test.async")
+async def test_async(message):
+    from asgiref.sync import sync_to_async
+
+    await sync_to_async(record)(message)
