@@ -99,3 +99,21 @@ async def test_async(message):
     from asgiref.sync import sync_to_async
 
     await sync_to_async(record)(message)
+
+
+# --- for benchmarks/ ------------------------------------------------------------
+
+
+@handler("bench.noop")
+def bench_noop(message):
+    pass
+
+
+@handler("bench.noop_nonatomic", atomic=False)
+def bench_noop_nonatomic(message):
+    pass
+
+
+@handler("bench.latency")
+def bench_latency(message):
+    record(message)  # handled_at is taken when the handler starts its write
