@@ -33,13 +33,15 @@ from .signals import dead_lettered
 
 logger = logging.getLogger(__name__)
 
-# The next due run_at and the database's own clock in one round trip, so an
-# idle worker's poll is a single query and its sleep does not depend on the
-# worker's clock agreeing with the database's.
-NEXT_DUE_SQL = """
-SELECT now(), (
-    SELECT min(run_at) FROM {table} WHERE status = 'waiting' AND queue = ANY(%s)
-)
+# An idle worker's poll, in one round trip: the database's clock, the next
+# due run_at of its queues and the oldest lease expiry (of any queue). One
+# query per poll interval, a sleep that does not depend on the worker's clock
+# agreeing with the database's, and maintenance only when a lease expired.
+# Each subquery reads the head of a partial index.
+PROBE_SQL = """
+SELECT now(),
+    (SELECT min(run_at) FROM {table} WHERE status = 'waiting' AND queue = ANY(%s)),
+    (SELECT min(lease_expires_at) FROM {table} WHERE status = 'processing')
 """
 
 # Maintenance leadership: a transaction-scoped advisory lock, so it works
@@ -360,13 +362,33 @@ def try_maintenance_lock():
         return cursor.fetchone()[0]
 
 
-def next_due(queues):
-    """(database now, the earliest run_at of a waiting message in ``queues`` or None)."""
+@dataclass(frozen=True)
+class Probe:
+    now: datetime.datetime  # the database's clock
+    next_run_at: datetime.datetime | None  # earliest run_at waiting in the queues
+    oldest_lease: datetime.datetime | None  # earliest lease expiry, any queue
+
+    @property
+    def ready(self):
+        return self.next_run_at is not None and self.next_run_at <= self.now
+
+    @property
+    def lease_expired(self):
+        return self.oldest_lease is not None and self.oldest_lease < self.now
+
+    def seconds_until_due(self):
+        if self.next_run_at is None:
+            return None
+        return max((self.next_run_at - self.now).total_seconds(), 0.0)
+
+
+def probe(queues):
+    """What an idle worker needs to know, in one query (see PROBE_SQL)."""
     connection = connections[alias()]
-    sql = NEXT_DUE_SQL.format(table=connection.ops.quote_name(Message._meta.db_table))
+    sql = PROBE_SQL.format(table=connection.ops.quote_name(Message._meta.db_table))
     with connection.cursor() as cursor:
         cursor.execute(sql, [list(queues)])
-        return cursor.fetchone()
+        return Probe(*cursor.fetchone())
 
 
 def _by_token(messages):

@@ -101,6 +101,8 @@ class Worker:
         self._notified = False
         self._stopping = threading.Event()  # no more claims
         self._exit = threading.Event()  # helper threads end
+        self._maintenance_wanted = False
+        self._heartbeat_wake = threading.Event()  # exit, or maintenance wanted
         self._inflight = {}  # message id -> _Job whose handler runs
         self._unacked = {}  # message id -> _Job done, acknowledgement not yet flushed
         self._pool = None
@@ -158,16 +160,16 @@ class Worker:
                     probe = probe or got < asked
                 if probe:
                     probe = False
-                    db_now, next_run_at = lifecycle.next_due(self.queues)
-                    if next_run_at is not None and next_run_at <= db_now:
+                    found = lifecycle.probe(self.queues)
+                    if found.lease_expired:  # a worker died: rescue now
+                        self._maintenance_wanted = True
+                        self._heartbeat_wake.set()
+                    if found.ready:
                         ready_hint = True
                     elif self.burst and not self._busy():
                         break
-                    due_at = (
-                        None
-                        if next_run_at is None
-                        else time.monotonic() + (next_run_at - db_now).total_seconds()
-                    )
+                    until_due = found.seconds_until_due()
+                    due_at = None if until_due is None else time.monotonic() + until_due
                 db_delay = RECONNECT_DELAY
             except DatabaseError as exc:
                 _drop_broken_connections()
@@ -268,6 +270,7 @@ class Worker:
             )
             outcome = LOST
         except BaseException as exc:  # noqa: BLE001  (a handler may raise anything)
+            _drop_broken_connections()  # record the failure on a working connection
             outcome = LOST if job.abandoned else self._record_failure(job, exc)
         finally:
             _drop_broken_connections()
@@ -414,20 +417,26 @@ class Worker:
     # --- heartbeat ------------------------------------------------------------
 
     def _heartbeat_loop(self):
-        interval = self.lease_seconds / 3
+        """Extend leases while handlers run; run maintenance on a schedule while
+        busy, and at once when an idle poll saw an expired lease. An idle
+        worker so issues no query here: its poll is its only one."""
+        tick = min(self.lease_seconds / 3, self.lease_seconds / 4, 15.0)
         maintenance_every = min(self.lease_seconds / 4, 15.0)
         next_maintenance = time.monotonic()
-        while True:
+        while not self._exit.is_set():
             try:
-                if time.monotonic() >= next_maintenance:
+                busy = self._busy()
+                if self._maintenance_wanted or (busy and time.monotonic() >= next_maintenance):
+                    self._maintenance_wanted = False
                     maintenance.run_once()
                     next_maintenance = time.monotonic() + maintenance_every
-                self._extend_leases()
+                if busy:
+                    self._extend_leases()
             except DatabaseError as exc:
                 _drop_broken_connections()
                 logger.warning("Worker %s heartbeat: database error (%s)", self.worker_id, exc)
-            if self._exit.wait(min(interval, maintenance_every)):
-                break
+            self._heartbeat_wake.wait(tick)
+            self._heartbeat_wake.clear()
         connections.close_all()
 
     def _extend_leases(self):
@@ -461,7 +470,8 @@ class Worker:
                     delay = RECONNECT_DELAY
                     self._notify()  # poll once: notifications missed while away are gone
                     while not self._exit.is_set():
-                        for notification in conn.notifies(timeout=1.0):
+                        # Short slices: the thread notices shutdown quickly.
+                        for notification in conn.notifies(timeout=0.25):
                             if notification.payload in self.queues:
                                 self._notify()
             except psycopg.Error as exc:
@@ -539,6 +549,7 @@ class Worker:
                     self.worker_id,
                 )
         self._exit.set()
+        self._heartbeat_wake.set()
         if self._pool is not None:
             self._pool.shutdown()
         for thread in self._threads:

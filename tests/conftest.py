@@ -69,3 +69,138 @@ def wait_until(predicate, timeout=10.0, interval=0.02, message="condition"):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {message}")
         time.sleep(interval)
+
+
+@pytest.fixture
+def make_message():
+    """Fabricate a Message row in exactly the state a test needs."""
+    import datetime
+    import uuid
+
+    from django.utils import timezone
+
+    from django_pgqueue.models import Message, Status
+
+    def make(topic="test.record", payload=None, **fields):
+        now = timezone.now()
+        if fields.get("status") == Status.PROCESSING:
+            fields.setdefault("lease_token", uuid.uuid4())
+            fields.setdefault("lease_expires_at", now + datetime.timedelta(seconds=60))
+            fields.setdefault("locked_by", "test-worker")
+            fields.setdefault("attempts", 1)
+        fields.setdefault("run_at", now)
+        return Message.objects.create(topic=topic, payload=payload or {}, **fields)
+
+    return make
+
+
+MANAGE = __import__("pathlib").Path(__file__).resolve().parent.parent / "testproject" / "manage.py"
+
+
+def database_url(alias):
+    """A URL for the test database behind ``alias``, for child processes."""
+    from urllib.parse import quote
+
+    params = connections[alias].settings_dict
+    auth = quote(params["USER"] or "")
+    if params["PASSWORD"]:
+        auth += ":" + quote(params["PASSWORD"])
+    host = params["HOST"] or "localhost"
+    port = params["PORT"] or 5432
+    return f"postgres://{auth}@{host}:{port}/{params['NAME']}"
+
+
+class WorkerProcess:
+    """A real ``manage.py pgqueue_worker`` process on the test database."""
+
+    def __init__(self, args, log_path):
+        import os
+        import subprocess
+        import sys
+
+        env = {
+            **os.environ,
+            "DATABASE_URL": database_url("default"),
+            "OTHER_DATABASE_URL": database_url("other"),
+            "PYTHONUNBUFFERED": "1",
+        }
+        self.log_path = log_path
+        self._log = open(log_path, "w")  # noqa: SIM115  (closed in stop())
+        self.popen = subprocess.Popen(
+            [sys.executable, str(MANAGE), "pgqueue_worker", *args],
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+        self.pid = self.popen.pid
+
+    def log(self):
+        return self.log_path.read_text()
+
+    def signal(self, signum):
+        self.popen.send_signal(signum)
+
+    def wait(self, timeout=60):
+        return self.popen.wait(timeout=timeout)
+
+    def kill(self):
+        if self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait(timeout=10)
+        self._log.close()
+
+
+@pytest.fixture
+def start_worker(transactional_db, tmp_path):
+    """Start worker processes; every one still alive at teardown is killed."""
+    started = []
+
+    def start(*args):
+        worker = WorkerProcess(args, tmp_path / f"worker-{len(started)}.log")
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.kill()
+
+
+class InvariantChecker:
+    """Checks, many times a second from its own connection and in one snapshot
+    per check, that every message is in exactly one of: the queue, done (its
+    atomic handler's ledger row), the dead letters."""
+
+    SQL = """
+        SELECT i FROM unnest(%s::bigint[]) AS i
+        WHERE (EXISTS (SELECT 1 FROM django_pgqueue_message WHERE id = i))::int
+            + (EXISTS (SELECT 1 FROM demo_handled WHERE message_id = i))::int
+            + (EXISTS (SELECT 1 FROM django_pgqueue_deadletter WHERE message_id = i))::int
+            <> 1
+    """
+
+    def __init__(self, ids):
+        import threading
+
+        self.ids = list(ids)
+        self.checks = 0
+        self.violations = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        with raw_connection(autocommit=True) as conn:
+            while not self._stop.is_set():
+                bad = [row[0] for row in conn.execute(self.SQL, [self.ids])]
+                if bad:
+                    self.violations.append(bad)
+                self.checks += 1
+                self._stop.wait(0.02)
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join(timeout=10)
+        assert self.checks > 0, "the invariant was never checked"
+        assert not self.violations, (
+            f"messages in none or two of queue/done/dead-letter: {self.violations[:3]}"
+        )

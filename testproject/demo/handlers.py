@@ -62,8 +62,11 @@ def test_record_nonatomic(message):
 
 @handler("test.sleep")
 def test_sleep(message):
-    time.sleep(message.payload.get("seconds", 1))
+    """Writes its ledger row first, then sleeps payload["seconds"] (on a later
+    attempt payload["then"]): a kill in the sleep leaves an uncommitted write."""
     record(message)
+    key = "seconds" if message.attempts == 1 else "then"
+    time.sleep(message.payload.get(key, message.payload.get("seconds", 1)))
 
 
 @handler("test.timeout", timeout=1, max_attempts=2, backoff_base=0.1, backoff_cap=0.1)

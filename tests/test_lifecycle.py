@@ -1,0 +1,336 @@
+"""The state machine, one transition at a time: rows fabricated in the exact
+state and time, one call, the rows read back, including rows on each side of
+every threshold and rows that must stay untouched."""
+
+import datetime
+import threading
+import uuid
+
+import pytest
+from django.db import connections, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from django_pgqueue import lifecycle, maintenance
+from django_pgqueue.models import Category, DeadLetter, Message, Status
+from django_pgqueue.signals import dead_lettered
+
+from .conftest import raw_connection
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+NOW = timezone.now()
+SECOND = datetime.timedelta(seconds=1)
+
+
+def reread(message):
+    return Message.objects.filter(pk=message.pk).first()
+
+
+# --- claim --------------------------------------------------------------------
+
+
+def test_claim_takes_ready_messages_in_priority_then_run_at_then_id_order(make_message):
+    low_old = make_message(priority=0, run_at=NOW - 10 * SECOND)
+    high = make_message(priority=5, run_at=NOW - SECOND)
+    low_new_a = make_message(priority=0, run_at=NOW - SECOND)
+    low_new_b = make_message(priority=0, run_at=NOW - SECOND)
+    make_message(priority=9, run_at=NOW + 60 * SECOND)  # delayed: not yet
+    make_message(priority=9, queue="other")  # another queue
+    make_message(priority=9, status=Status.PROCESSING)  # leased already
+    make_message(priority=9, status=Status.DONE)
+
+    claimed = lifecycle.claim(["default"], 10, "w1", 30, now=NOW)
+    assert [m.pk for m in claimed] == [high.pk, low_old.pk, low_new_a.pk, low_new_b.pk]
+
+
+def test_claim_sets_the_lease_counts_the_attempt_and_respects_the_limit(make_message):
+    for _ in range(5):
+        make_message(run_at=NOW - SECOND, attempts=2)
+    claimed = lifecycle.claim(["default"], 3, "worker-7", 30, now=NOW)
+    assert len(claimed) == 3
+    tokens = {m.lease_token for m in claimed}
+    assert len(tokens) == 1 and None not in tokens, "one fresh token for the batch"
+    for message in claimed:
+        row = reread(message)
+        assert row.status == Status.PROCESSING
+        assert row.attempts == 3 == message.attempts
+        assert row.locked_by == "worker-7"
+        assert row.lease_token == message.lease_token
+        assert row.lease_expires_at == NOW + 30 * SECOND
+    assert Message.objects.filter(status=Status.WAITING).count() == 2
+
+
+def test_claim_skips_rows_locked_by_another_transaction(make_message):
+    locked = make_message(run_at=NOW - 2 * SECOND)
+    free = make_message(run_at=NOW - SECOND)
+    with raw_connection() as other:  # a claim in progress elsewhere
+        other.execute("SELECT 1 FROM django_pgqueue_message WHERE id = %s FOR UPDATE", [locked.pk])
+        claimed = lifecycle.claim(["default"], 10, "w", 30, now=NOW)
+        assert [m.pk for m in claimed] == [free.pk], "did not skip the locked row"
+    assert reread(locked).status == Status.WAITING
+
+
+def test_concurrent_claims_never_take_the_same_message(make_message):
+    for _ in range(200):
+        make_message(run_at=NOW - SECOND)
+    results = []
+
+    def claim_all():
+        try:
+            while batch := lifecycle.claim(["default"], 7, threading.current_thread().name, 30):
+                results.extend(m.pk for m in batch)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=claim_all, name=f"w{i}") for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 200 and len(set(results)) == 200
+
+
+def test_claim_plan_does_not_read_finished_delayed_or_leased_rows(make_message):
+    """The claim reads the head of a partial index: its cost is the same with
+    20,000 rows that are not claimable as with none."""
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO django_pgqueue_message (topic, payload, status, run_at)
+            SELECT 'bulk', '{}', s, now() + interval '1 hour'
+            FROM unnest(ARRAY['done', 'waiting', 'processing']) s, generate_series(1, 7000)
+            """
+        )
+        cursor.execute("ANALYZE django_pgqueue_message")
+    for _ in range(20):
+        make_message(run_at=NOW - SECOND)
+
+    queryset = (
+        Message.objects.select_for_update(skip_locked=True)
+        .filter(status=Status.WAITING, queue__in=["default"], run_at__lte=timezone.now())
+        .order_by("-priority", "run_at", "id")[:10]
+    )
+    with transaction.atomic():
+        plan = queryset.explain(analyze=True, buffers=True)
+    assert "Seq Scan" not in plan, plan
+    assert "pgqueue_msg_claim_idx" in plan or "pgqueue_msg_due_idx" in plan, plan
+    # The top node's Buffers line is cumulative for the whole execution.
+    top = next(line for line in plan.splitlines() if line.strip().startswith("Buffers:"))
+    buffers = sum(int(part.split("=")[1]) for part in top.split() if "=" in part)
+    assert buffers < 30, f"the claim touched {buffers} buffers:\n{plan}"
+
+
+# --- ack ----------------------------------------------------------------------
+
+
+def test_ack_deletes_only_with_the_current_lease(make_message):
+    held = make_message(status=Status.PROCESSING)
+    assert lifecycle.ack(held) is True
+    assert reread(held) is None
+
+    stolen = make_message(status=Status.PROCESSING)
+    late = Message.objects.get(pk=stolen.pk)
+    late.lease_token = uuid.uuid4()  # a rescued-and-reclaimed message has another token
+    assert lifecycle.ack(late) is False, "a late ack must not finish a rescued message"
+    assert reread(stolen).status == Status.PROCESSING
+
+    rescued = make_message(status=Status.PROCESSING)
+    Message.objects.filter(pk=rescued.pk).update(status=Status.WAITING, lease_token=None)
+    assert lifecycle.ack(rescued) is False
+    assert reread(rescued).status == Status.WAITING
+
+
+def test_ack_many_reports_which_were_still_held(make_message):
+    a = make_message(status=Status.PROCESSING)
+    b = make_message(status=Status.PROCESSING, lease_token=a.lease_token)
+    lost = make_message(status=Status.PROCESSING, lease_token=a.lease_token)
+    Message.objects.filter(pk=lost.pk).update(lease_token=uuid.uuid4())
+    assert lifecycle.ack_many([a, b, lost]) == {a.pk, b.pk}
+    assert list(Message.objects.values_list("pk", flat=True)) == [lost.pk]
+
+
+# --- retry, release, extend ---------------------------------------------------
+
+
+def test_retry_later_records_the_failure_and_schedules_the_next_attempt(make_message):
+    message = make_message(status=Status.PROCESSING, attempts=2)
+    assert lifecycle.retry_later(message, 90, Category.DEPENDENCY, "ConnectionError: down", NOW)
+    row = reread(message)
+    assert row.status == Status.WAITING
+    assert row.run_at == NOW + 90 * SECOND
+    assert row.attempts == 2, "the attempt stays counted"
+    assert (row.last_error, row.last_error_category) == ("ConnectionError: down", "dependency")
+    assert row.first_failed_at == NOW
+    assert row.lease_token is None and row.locked_by == "" and row.lease_expires_at is None
+
+    message2 = make_message(status=Status.PROCESSING, first_failed_at=NOW - 60 * SECOND)
+    lifecycle.retry_later(message2, 1, Category.TRANSIENT, "x", NOW)
+    assert reread(message2).first_failed_at == NOW - 60 * SECOND, "first failure is kept"
+
+    other = make_message(status=Status.PROCESSING)
+    other.lease_token = uuid.uuid4()
+    assert lifecycle.retry_later(other, 1, Category.TRANSIENT, "x") is False
+    assert reread(other).status == Status.PROCESSING
+
+
+def test_release_hands_back_without_counting_the_attempt(make_message):
+    message = make_message(status=Status.PROCESSING, attempts=3)
+    lost = make_message(status=Status.PROCESSING, attempts=1)
+    lost.lease_token = uuid.uuid4()
+    assert lifecycle.release([message, lost]) == 1
+    row = reread(message)
+    assert (row.status, row.attempts, row.lease_token) == (Status.WAITING, 2, None)
+    assert reread(lost).status == Status.PROCESSING
+
+
+def test_extend_leases_reports_the_lost_ones(make_message):
+    held = make_message(status=Status.PROCESSING, lease_expires_at=NOW + SECOND)
+    rescued = make_message(status=Status.PROCESSING, lease_token=held.lease_token)
+    Message.objects.filter(pk=rescued.pk).update(status=Status.WAITING, lease_token=None)
+    assert lifecycle.extend_leases([held, rescued], 60, now=NOW) == {rescued.pk}
+    assert reread(held).lease_expires_at == NOW + 60 * SECOND
+    assert reread(rescued).lease_expires_at == rescued.lease_expires_at
+
+
+# --- dead letters -------------------------------------------------------------
+
+
+def test_dead_letter_moves_the_message_in_one_transaction(make_message):
+    sent = []
+    receiver = lambda sender, dead_letter, message_id, **kw: sent.append(message_id)  # noqa: E731
+    dead_lettered.connect(receiver)
+    try:
+        message = make_message(
+            payload={"sku": None},
+            status=Status.PROCESSING,
+            attempts=4,
+            priority=3,
+            headers={"trace": "abc"},
+            first_failed_at=NOW - 60 * SECOND,
+            group_key="g",
+        )
+        with transaction.atomic():
+            dead = lifecycle.dead_letter(
+                message,
+                Category.PERMANENT,
+                "KeyError: 'sku'",
+                "Traceback ...",
+                worker="w9",
+                now=NOW,
+            )
+            assert sent == [], "signal before commit"
+        assert sent == [message.pk]
+    finally:
+        dead_lettered.disconnect(receiver)
+    assert reread(message) is None
+    row = DeadLetter.objects.get()
+    assert row.pk == dead.pk and row.message_id == message.pk
+    assert (row.topic, row.queue, row.payload, row.headers) == (
+        "test.record",
+        "default",
+        {"sku": None},
+        {"trace": "abc"},
+    )
+    assert (row.category, row.reason, row.traceback) == (
+        "permanent",
+        "KeyError: 'sku'",
+        "Traceback ...",
+    )
+    assert (row.attempts, row.priority, row.group_key, row.worker) == (4, 3, "g", "w9")
+    assert row.first_failed_at == NOW - 60 * SECOND and row.last_failed_at == NOW
+    assert row.state == "new"
+
+
+def test_dead_letter_is_a_no_op_for_a_message_no_longer_held(make_message):
+    message = make_message(status=Status.PROCESSING)
+    message.lease_token = uuid.uuid4()
+    assert lifecycle.dead_letter(message, Category.PERMANENT, "x") is None
+    assert reread(message) is not None and not DeadLetter.objects.exists()
+
+
+def test_dead_letter_failure_midway_leaves_the_message_in_the_queue(make_message, monkeypatch):
+    message = make_message(status=Status.PROCESSING)
+
+    def broken_delete(*args, **kwargs):
+        raise RuntimeError("crash between the insert and the delete")
+
+    monkeypatch.setattr("django.db.models.query.QuerySet.delete", broken_delete)
+    with pytest.raises(RuntimeError):
+        lifecycle.dead_letter(message, Category.PERMANENT, "x")
+    monkeypatch.undo()
+    assert reread(message).status == Status.PROCESSING, "never in neither table"
+    assert not DeadLetter.objects.exists(), "never in both tables"
+
+
+# --- rescue -------------------------------------------------------------------
+
+
+def test_rescue_returns_expired_leases_and_leaves_live_ones(make_message):
+    expired = make_message(
+        status=Status.PROCESSING, lease_expires_at=NOW - SECOND, attempts=1, locked_by="dead-worker"
+    )
+    live = make_message(status=Status.PROCESSING, lease_expires_at=NOW + SECOND)
+    on_the_edge = make_message(status=Status.PROCESSING, lease_expires_at=NOW)
+    waiting = make_message(run_at=NOW - 60 * SECOND)
+    result = lifecycle.rescue_expired(now=NOW)
+    assert result == lifecycle.RescueResult(requeued=1, dead_lettered=0)
+    row = reread(expired)
+    assert (row.status, row.attempts, row.lease_token) == (Status.WAITING, 1, None)
+    assert row.last_error == "worker lost: the lease of dead-worker expired"
+    assert row.last_error_category == Category.TRANSIENT
+    assert row.first_failed_at == NOW and row.run_at == NOW
+    assert reread(live).status == Status.PROCESSING
+    assert reread(on_the_edge).status == Status.PROCESSING, "expiry is strict"
+    assert reread(waiting).run_at == NOW - 60 * SECOND
+
+
+def test_rescue_dead_letters_a_message_that_used_its_last_attempt(make_message):
+    last = make_message(
+        status=Status.PROCESSING,
+        lease_expires_at=NOW - SECOND,
+        attempts=3,
+        max_attempts=3,
+        locked_by="w",
+    )
+    assert lifecycle.rescue_expired(now=NOW) == lifecycle.RescueResult(0, 1)
+    assert reread(last) is None
+    dead = DeadLetter.objects.get(message_id=last.pk)
+    assert dead.category == "transient"
+    assert "worker lost" in dead.reason and "last of 3 attempts" in dead.reason
+
+
+def test_rescue_leaves_alone_a_message_that_is_being_acknowledged(make_message):
+    message = make_message(status=Status.PROCESSING, lease_expires_at=NOW - SECOND)
+    with raw_connection() as acking:  # the late worker's ack holds the row
+        acking.execute("DELETE FROM django_pgqueue_message WHERE id = %s", [message.pk])
+        assert lifecycle.rescue_expired(now=NOW) == lifecycle.RescueResult(0, 0)
+        acking.commit()
+    assert reread(message) is None, "the ack won; the rescue did not resurrect the message"
+
+
+def test_maintenance_runs_in_one_worker_at_a_time(make_message):
+    make_message(status=Status.PROCESSING, lease_expires_at=NOW - SECOND)
+    with raw_connection() as leader:
+        leader.execute("SELECT pg_advisory_xact_lock(%s)", [lifecycle.MAINTENANCE_LOCK_KEY])
+        assert maintenance.run_once(now=NOW) is None, "ran while another worker held the lock"
+        assert Message.objects.filter(status=Status.PROCESSING).count() == 1
+    assert maintenance.run_once(now=NOW) == maintenance.MaintenanceResult(1, 0)
+
+
+# --- probe --------------------------------------------------------------------
+
+
+def test_probe_reports_the_next_due_message_and_expired_leases(make_message):
+    assert not lifecycle.probe(["default"]).ready
+    make_message(run_at=timezone.now() + 30 * SECOND)
+    make_message(run_at=timezone.now() + 10 * SECOND, queue="other")
+    found = lifecycle.probe(["default"])
+    assert not found.ready and 29 < found.seconds_until_due() <= 30
+    assert 9 < lifecycle.probe(["default", "other"]).seconds_until_due() <= 10
+    assert not found.lease_expired
+    make_message(status=Status.PROCESSING, lease_expires_at=timezone.now() - SECOND)
+    make_message(run_at=timezone.now() - SECOND)
+    found = lifecycle.probe(["default"])
+    assert found.ready and found.lease_expired
+    assert Message.objects.filter(~Q(status=Status.WAITING)).count() == 1

@@ -1,0 +1,256 @@
+"""The Worker in-process against the real database: the handlers of the demo
+app (testproject/demo/handlers.py), real threads and connections."""
+
+import collections
+import contextlib
+import threading
+import time
+
+import pytest
+from demo.models import Handled
+from django.db.backends import utils as backend_utils
+from django.test import override_settings
+
+from django_pgqueue import enqueue, enqueue_many, handler, registry
+from django_pgqueue.models import DeadLetter, Message, Status
+from django_pgqueue.worker import Worker
+
+from .conftest import raw_connection, wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@contextlib.contextmanager
+def running_worker(**options):
+    """A Worker running in a thread of this process until the block ends."""
+    worker = Worker(**options)
+    errors = []
+
+    def run():
+        try:
+            worker.run()
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, name="test-worker")
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "the worker did not stop"
+        assert not errors, f"the worker crashed: {errors!r}"
+
+
+def handled_ids():
+    return collections.Counter(Handled.objects.values_list("message_id", flat=True))
+
+
+def test_burst_handles_every_ready_message_once_and_exits():
+    messages = enqueue_many([{"payload": {}}] * 30, topic="test.record")
+    messages += enqueue_many([{"payload": {}}] * 10, topic="test.record_nonatomic")
+    messages.append(enqueue("test.async", {}))
+    messages.append(enqueue("test.record", {}, delay=3600))  # not ready: left alone
+    processed = Worker(concurrency=4, burst=True).run()
+    assert processed == 41
+    assert handled_ids() == {m.pk: 1 for m in messages[:41]}
+    assert list(Message.objects.values_list("pk", flat=True)) == [messages[-1].pk]
+
+
+def test_priority_decides_the_order():
+    low = enqueue("test.record", {}, priority=-5)
+    high = enqueue("test.record", {}, priority=5)
+    mid = enqueue("test.record", {})
+    Worker(concurrency=1, burst=True).run()
+    order = list(Handled.objects.order_by("id").values_list("message_id", flat=True))
+    assert order == [high.pk, mid.pk, low.pk]
+
+
+@override_settings(PGQUEUE={"BACKOFF_JITTER": False})
+def test_retry_timing_follows_the_policy():
+    # test.fail: backoff_base 0.05 s, backoff_cap 0.2 s; DEPENDENCY backs off
+    # 5x longer: 0.25 s, capped to 0.2 s.
+    dependency = enqueue("test.fail", {"raise": "ConnectionError", "times": 5})
+    asked = enqueue("test.fail", {"after": 30, "times": 5})
+    Worker(concurrency=2, burst=True).run()  # one attempt each; the retries are not due yet
+    row = Message.objects.get(pk=dependency.pk)
+    assert (row.status, row.attempts, row.last_error_category) == ("waiting", 1, "dependency")
+    assert (row.run_at - row.updated_at).total_seconds() == pytest.approx(0.2)
+    assert row.last_error.startswith("ConnectionError: downstream is down")
+    assert "Traceback" in row.last_error
+    row = Message.objects.get(pk=asked.pk)
+    assert (row.run_at - row.updated_at).total_seconds() == pytest.approx(30)
+    assert row.last_error.startswith("Retry: asked to retry")
+
+
+def test_a_transient_failure_is_retried_until_it_succeeds():
+    message = enqueue("test.fail", {"raise": "TimeoutError", "times": 2})
+    with running_worker(concurrency=1, poll_interval=0.2):
+        wait_until(lambda: Handled.objects.filter(message_id=message.pk).exists(), timeout=10)
+    assert list(Handled.objects.values_list("attempt", flat=True)) == [3]
+    assert not Message.objects.exists() and not DeadLetter.objects.exists()
+
+
+def test_permanent_and_business_failures_go_straight_to_the_dead_letters():
+    permanent = enqueue("test.fail", {"raise": "Permanent"})
+    business = enqueue("test.fail", {"raise": "ValidationError"})
+    malformed = enqueue("test.fail", {"raise": "ValueError"})
+    nobody = enqueue("nobody.handles", {"x": 1})
+    Worker(concurrency=2, burst=True).run()
+    dead = {d.message_id: d for d in DeadLetter.objects.all()}
+    assert (dead[permanent.pk].category, dead[permanent.pk].attempts) == ("permanent", 1)
+    assert dead[permanent.pk].reason == "Permanent: cannot ever work"
+    assert (dead[business.pk].category, dead[business.pk].attempts) == ("business", 1)
+    assert dead[malformed.pk].category == "permanent"
+    assert dead[nobody.pk].category == "permanent"
+    assert "no handler for topic 'nobody.handles'" in dead[nobody.pk].reason
+    assert dead[nobody.pk].payload == {"x": 1}
+    assert 'raise FAILURES[message.payload.get("raise"' in dead[permanent.pk].traceback
+    assert not Message.objects.exists()
+
+
+@override_settings(PGQUEUE={"MAX_ATTEMPTS": 3})
+def test_exhausted_attempts_land_in_the_dead_letters_with_the_last_category():
+    message = enqueue("test.fail", {"raise": "RuntimeError"})
+    with running_worker(concurrency=1, poll_interval=0.2):
+        wait_until(lambda: DeadLetter.objects.exists(), timeout=10)
+    dead = DeadLetter.objects.get()
+    assert (dead.message_id, dead.category, dead.attempts) == (message.pk, "unknown", 3)
+    assert dead.reason == "RuntimeError: something odd"
+    assert dead.first_failed_at < dead.last_failed_at
+    assert not Message.objects.exists() and not Handled.objects.exists()
+
+
+def test_a_handler_past_its_timeout_is_retried_and_does_not_block_capacity():
+    # test.timeout: timeout 1 s, max_attempts 2, sleeps 5 s then records.
+    slow = enqueue("test.timeout", {"seconds": 5})
+    started = time.monotonic()
+    with running_worker(concurrency=1, poll_interval=0.2):
+        wait_until(
+            lambda: Message.objects.filter(pk=slow.pk, attempts=1, status="waiting").exists(),
+            timeout=5,
+        )
+        row = Message.objects.get(pk=slow.pk)
+        assert row.last_error.startswith("HandlerTimeout: timeout: the handler ran past 1.0s")
+        assert row.last_error_category == "transient"
+        # The one slot is free again while the first handler still sleeps.
+        quick = enqueue("test.record", {})
+        wait_until(lambda: Handled.objects.filter(message_id=quick.pk).exists(), timeout=5)
+        assert time.monotonic() - started < 5, "the timed-out handler held the capacity"
+        wait_until(lambda: DeadLetter.objects.filter(message_id=slow.pk).exists(), timeout=10)
+    wait_until(lambda: not handler_threads(), timeout=10, message="the late handlers to return")
+    dead = DeadLetter.objects.get(message_id=slow.pk)
+    assert (dead.category, dead.attempts) == ("transient", 2)
+    assert not Handled.objects.filter(message_id=slow.pk).exists()
+
+
+@pytest.fixture
+def lease_thief():
+    """A handler that loses its lease mid-run, as when it is rescued and taken
+    by another worker: another connection changes the lease token."""
+
+    @handler("test.lose_lease")
+    def lose_lease(message):
+        Handled.objects.create(
+            message_id=message.pk, topic=message.topic, attempt=message.attempts, pid=0
+        )
+        with raw_connection(autocommit=True) as other:
+            other.execute(
+                "UPDATE django_pgqueue_message SET lease_token = gen_random_uuid() WHERE id = %s",
+                [message.pk],
+            )
+
+    yield
+    registry.unregister("test.lose_lease")
+
+
+def test_an_atomic_handler_that_lost_its_lease_rolls_back_its_writes(lease_thief):
+    message = enqueue("test.lose_lease", {})
+    Worker(concurrency=1, burst=True).run()
+    assert not Handled.objects.exists(), "the handler's write was committed without the lease"
+    row = Message.objects.get(pk=message.pk)
+    assert row.status == Status.PROCESSING, "the new lease holder's message was not touched"
+
+
+@override_settings(PGQUEUE={"NOTIFY": False})
+def test_poll_only_mode_works_without_notifications():
+    with running_worker(concurrency=2, poll_interval=0.2) as worker:
+        assert not any(t.name == "pgqueue-listener" for t in worker._threads)
+        message = enqueue("test.record", {})
+        wait_until(lambda: Handled.objects.filter(message_id=message.pk).exists(), timeout=5)
+
+
+def test_a_notification_wakes_an_idle_worker_long_before_its_poll():
+    with running_worker(concurrency=1, poll_interval=60):
+        wait_until(lambda: listener_pids(), message="the listener to connect")
+        message = enqueue("test.record", {})
+        wait_until(lambda: Handled.objects.filter(message_id=message.pk).exists(), timeout=5)
+
+
+def test_the_listener_reconnects_and_listens_again_after_its_connection_is_killed():
+    with running_worker(concurrency=1, poll_interval=60):
+        [pid] = wait_until(listener_pids, message="the listener to connect")
+        with raw_connection(autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+        wait_until(
+            lambda: listener_pids() not in ([], [pid]),
+            timeout=10,
+            message="a new listener connection",
+        )
+        message = enqueue("test.record", {})
+        wait_until(lambda: Handled.objects.filter(message_id=message.pk).exists(), timeout=5)
+
+
+def listener_pids():
+    import os
+
+    with raw_connection(autocommit=True) as conn:
+        return [
+            row[0]
+            for row in conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+                [f"pgqueue_listener#{os.getpid()}"],
+            )
+        ]
+
+
+def test_an_idle_worker_issues_at_most_one_query_per_poll_interval(monkeypatch):
+    queries = collections.Counter()
+    original = backend_utils.CursorWrapper._execute
+
+    def counting(self, sql, params, *ignore):
+        queries[threading.current_thread().name] += 1
+        return original(self, sql, params, *ignore)
+
+    with running_worker(concurrency=2, poll_interval=0.25):
+        time.sleep(0.5)  # let start-up settle, then count
+        monkeypatch.setattr(backend_utils.CursorWrapper, "_execute", counting)
+        time.sleep(2.5)
+        monkeypatch.undo()
+    polls = 2.5 / (0.25 * 0.9)
+    assert sum(queries.values()) <= polls + 1, f"idle worker queries: {dict(queries)}"
+    assert set(queries) <= {"test-worker"}, f"only the loop's poll may query: {dict(queries)}"
+
+
+def test_stop_lets_the_running_handler_finish():
+    message = enqueue("test.sleep", {"seconds": 0.5})
+    with running_worker(concurrency=1, shutdown_timeout=10):
+        wait_until(lambda: Message.objects.filter(status="processing").exists())
+    assert handled_ids() == {message.pk: 1}
+    assert not Message.objects.exists()
+
+
+def test_stop_hands_back_what_does_not_finish_in_time_without_counting_the_attempt():
+    message = enqueue("test.sleep", {"seconds": 3})
+    with running_worker(concurrency=1, shutdown_timeout=0.2):
+        wait_until(lambda: Message.objects.filter(status="processing").exists())
+    row = Message.objects.get(pk=message.pk)
+    assert (row.status, row.attempts, row.lease_token) == ("waiting", 0, None)
+    # The abandoned handler's transaction finds the lease gone and rolls back.
+    wait_until(lambda: not handler_threads(), timeout=10, message="the handler to return")
+    assert not Handled.objects.exists(), "the handed-back handler committed its writes"
+
+
+def handler_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("pgqueue-handler")]
