@@ -56,8 +56,8 @@ DEFAULTS = {
     # before the rules.
     "CLASSIFIER": None,
     # Lease (visibility timeout) in seconds. The worker's heartbeat extends it
-    # every third of it while a handler runs; a crashed worker's messages come
-    # back after about one lease.
+    # every quarter lease while a handler runs; a crashed worker's messages
+    # come back after about one lease.
     "LEASE_SECONDS": 60.0,
     # Seconds between polls when no notification arrives (jittered +-10%).
     "POLL_INTERVAL": 5.0,

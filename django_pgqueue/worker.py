@@ -154,7 +154,7 @@ class Worker:
                 self._expire_timeouts()
                 if self._limit_reached() and not self._busy():
                     break
-                if ready_hint and self._free_slots() > 0:
+                if ready_hint and self._free_slots() > 0 and not self._limit_reached():
                     asked, got = self._claim()
                     ready_hint = got == asked  # a full batch: more may be waiting
                     probe = probe or got < asked
@@ -420,8 +420,7 @@ class Worker:
         """Extend leases while handlers run; run maintenance on a schedule while
         busy, and at once when an idle poll saw an expired lease. An idle
         worker so issues no query here: its poll is its only one."""
-        tick = min(self.lease_seconds / 3, self.lease_seconds / 4, 15.0)
-        maintenance_every = min(self.lease_seconds / 4, 15.0)
+        tick = maintenance_every = min(self.lease_seconds / 4, 15.0)
         next_maintenance = time.monotonic()
         while not self._exit.is_set():
             try:

@@ -46,6 +46,16 @@ def test_unknown_key_suggests_the_close_one():
         ({"DATABASE": "missing"}, "names the alias 'missing', which is not in DATABASES"),
         ({"DEFAULT_QUEUE": ""}, "the queue name must not be empty"),
         ({"DEFAULT_QUEUE": "a b"}, "may contain only letters"),
+        ({"MAX_ATTEMPTS": 0}, "PGQUEUE['MAX_ATTEMPTS'] must be a whole number of at least 1"),
+        ({"MAX_ATTEMPTS": True}, "must be a whole number of at least 1"),
+        ({"LEASE_SECONDS": -5}, "must be a number of seconds greater than 0"),
+        ({"POLL_INTERVAL": "5"}, "must be a number of seconds greater than 0"),
+        ({"BACKOFF_CAP": float("inf")}, "must be a number of seconds greater than 0"),
+        ({"BACKOFF_JITTER": "full"}, "must be True or False"),
+        ({"DEPENDENCY_BACKOFF_FACTOR": 0.5}, "must be a number of at least 1"),
+        ({"CLASSIFIER": "no.such.func"}, "PGQUEUE['CLASSIFIER'] cannot be imported"),
+        ({"CLASSIFIER": "os.sep"}, "does not name a callable"),
+        ({"CLASSIFY_RULES": [{"category": "transient"}]}, "rule 0: a rule needs at least one"),
     ],
 )
 def test_wrong_values_say_how_to_fix_them(setting, words):
