@@ -40,16 +40,20 @@ class Listener:
         self.conn = conn
         conn.execute(f"LISTEN {CHANNEL}")
 
-    def received(self, timeout):
+    def received(self, timeout, stop_after=None):
         """Notifications that arrive within ``timeout`` seconds, as (channel, payload)."""
-        return [(n.channel, n.payload) for n in self.conn.notifies(timeout=timeout)]
+        return [
+            (n.channel, n.payload)
+            for n in self.conn.notifies(timeout=timeout, stop_after=stop_after)
+        ]
 
     def wait_for(self, count, timeout=5.0):
         """Collect notifications until ``count`` arrived or ``timeout`` passed."""
         got = []
         deadline = time.monotonic() + timeout
         while len(got) < count and time.monotonic() < deadline:
-            got.extend(self.received(timeout=deadline - time.monotonic()))
+            remaining = deadline - time.monotonic()
+            got.extend(self.received(timeout=remaining, stop_after=count - len(got)))
         return got
 
 
