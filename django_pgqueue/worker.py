@@ -111,6 +111,10 @@ class Worker:
     # --- public ---------------------------------------------------------------
 
     def run(self, install_signals=False):
+        if connections[lifecycle.alias()].in_atomic_block:
+            # Claims would become savepoints of the caller's transaction and
+            # stay invisible to every other worker until it commits.
+            raise RuntimeError("Worker.run() cannot be called inside a transaction")
         previous = self._install_signals() if install_signals else None
         logger.info(
             "Worker %s starting: queues=%s concurrency=%s batch=%s notify=%s lease=%ss",

@@ -1,9 +1,9 @@
 """manage.py pgqueue_worker: option validation and a burst run."""
 
 import pytest
+from demo.models import Handled
 from django.core.management import CommandError, call_command
 
-from demo.models import Handled
 from django_pgqueue import enqueue
 from django_pgqueue.models import Message
 
@@ -43,7 +43,8 @@ def test_burst_run_handles_the_ready_messages_of_its_queues_and_exits():
 def test_max_messages_stops_after_that_many():
     for _ in range(5):
         enqueue("test.record", {})
-    call_command("pgqueue_worker", "--max-messages", "2", "--concurrency", "1",
-                 "--log-level", "ERROR")
+    call_command(
+        "pgqueue_worker", "--max-messages", "2", "--concurrency", "1", "--log-level", "ERROR"
+    )
     assert Handled.objects.count() == 2
     assert Message.objects.count() == 3

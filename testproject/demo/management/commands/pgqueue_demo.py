@@ -1,0 +1,148 @@
+"""manage.py pgqueue_demo: enqueue a mix of demo messages, work them off with an
+in-process worker in burst mode, and print what happened (the quick start that
+./rundemo runs). The handlers are the demo.* topics of demo/handlers.py."""
+
+import argparse
+import logging
+import threading
+import time
+from collections import Counter
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db.models.functions import Now
+
+from demo.models import Handled
+from django_pgqueue import enqueue_many
+from django_pgqueue.models import DeadLetter, Message, Status
+from django_pgqueue.worker import Worker
+
+QUEUE = "demo"  # a queue of its own: the demo's worker touches nothing else
+MAX_COUNT = 1000
+TIME_LIMIT = 60.0  # seconds for all bursts together
+RETRY_HORIZON = 10.0  # after a burst, wait for retries due within this many seconds
+SHOWN_DEAD_LETTERS = 5
+
+
+def count_value(text):
+    try:
+        value = int(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= value <= MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"must be from 1 to {MAX_COUNT}, not {value}")
+    return value
+
+
+def demo_round(n):
+    """The n-th round of the mix: 20 messages."""
+    for i in range(8):  # handled at the first attempt
+        yield {"topic": "demo.welcome_email", "payload": {"user_id": n * 8 + i}}
+    for attempt in (2, 2, 3):  # ConnectionError until that attempt: retried, then handled
+        yield {"topic": "demo.charge_card", "payload": {"order": n, "succeed_on_attempt": attempt}}
+    # Never recovers: a dead letter (dependency) when its 3 attempts are used up.
+    yield {
+        "topic": "demo.charge_card",
+        "payload": {"order": n, "succeed_on_attempt": 99},
+        "max_attempts": 3,
+    }
+    for i in range(3):
+        yield {"topic": "demo.import_row", "payload": {"sku": f"SKU-{n}-{i}", "row": i}}
+    yield {"topic": "demo.import_row", "payload": {"row": 3}}  # no sku: Permanent, dead letter
+    for quantity in (1, 5, 40):
+        yield {
+            "topic": "demo.reserve_stock",
+            "payload": {"sku": f"SKU-{n}-0", "quantity": quantity},
+        }
+    # Over 100: ValidationError, a business rule said no: dead letter (business).
+    yield {"topic": "demo.reserve_stock", "payload": {"sku": f"SKU-{n}-0", "quantity": 500}}
+
+
+class Command(BaseCommand):
+    help = (
+        "Enqueue demo messages (some succeed, some are retried, some become dead letters), "
+        "run a worker in burst mode until they are done, and print the outcome."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--count",
+            type=count_value,
+            default=1,
+            help=f"rounds of the 20-message mix to enqueue, 1 to {MAX_COUNT} (default: 1)",
+        )
+
+    def handle(self, *args, **options):
+        try:  # call_command(count=...) skips argparse's type check
+            count = count_value(options["count"])
+        except argparse.ArgumentTypeError as exc:
+            raise CommandError(f"--count: {exc}") from None
+        verbose = options["verbosity"] >= 2
+        started = time.monotonic()
+
+        messages = enqueue_many([item for n in range(count) for item in demo_round(n)], queue=QUEUE)
+        ids = [m.pk for m in messages]
+        self.stdout.write(f"Enqueued {len(ids)} demo messages on queue {QUEUE!r}.")
+
+        # The worker logs every claim and acknowledgement at INFO: only with -v 2.
+        logger = logging.getLogger("django_pgqueue")
+        level = logger.level
+        if not verbose:
+            logger.setLevel(logging.WARNING)
+        try:
+            self._work_off(ids, started + TIME_LIMIT)
+        finally:
+            logger.setLevel(level)
+        self.stdout.write(f"Done in {time.monotonic() - started:.1f}s.\n\n")
+        self._report(ids)
+
+    def _work_off(self, ids, deadline):
+        """Burst after burst. A burst ends when nothing is ready, but a failed
+        message waits a moment (its backoff) before its retry is due: sleep
+        until then and burst again, within the deadline."""
+        for burst in range(1, 1000):
+            worker = Worker(queues=[QUEUE], concurrency=4, burst=True, shutdown_timeout=5)
+            timer = threading.Timer(max(0.0, deadline - time.monotonic()), worker.stop)
+            timer.start()
+            try:
+                processed = worker.run()
+            finally:
+                timer.cancel()
+            # The earliest waiting message of this run, and the database's clock.
+            waiting = Message.objects.filter(pk__in=ids, status=Status.WAITING)
+            nearest = waiting.annotate(db_now=Now()).order_by("run_at").first()
+            line = f"Burst {burst}: {processed} attempt(s)"
+            if nearest is None:
+                self.stdout.write(line + ".")
+                return
+            due_in = max(0.0, (nearest.run_at - nearest.db_now).total_seconds())
+            self.stdout.write(
+                f"{line}; {waiting.count()} waiting to be retried, the next in {due_in:.1f}s."
+            )
+            if due_in > RETRY_HORIZON or time.monotonic() + due_in >= deadline:
+                return
+            time.sleep(due_in + 0.05)
+
+    def _report(self, ids):
+        handled = Handled.objects.filter(message_id__in=ids)
+        handled_ids = set(handled.values_list("message_id", flat=True))
+        handled_late = set(handled.filter(attempt__gt=1).values_list("message_id", flat=True))
+        dead = DeadLetter.objects.filter(message_id__in=ids).order_by("message_id")
+        dead_late = dead.filter(attempts__gt=1).count()
+        categories = Counter(dead.values_list("category", flat=True))
+        left = Counter(Message.objects.filter(pk__in=ids).values_list("status", flat=True))
+
+        write = self.stdout.write
+        write(f"Handled:       {len(handled_ids)} ({len(handled_late)} of them after retries)")
+        write(f"Retried:       {len(handled_late) + dead_late} message(s) took more than 1 attempt")
+        by_category = ", ".join(f"{name}: {n}" for name, n in sorted(categories.items()))
+        write(f"Dead letters:  {sum(categories.values())} ({by_category or 'none'})")
+        for letter in dead[:SHOWN_DEAD_LETTERS]:
+            write(f"  #{letter.message_id} {letter.topic} [{letter.category}] {letter.reason}")
+        if sum(categories.values()) > SHOWN_DEAD_LETTERS:
+            write(f"  ... and {sum(categories.values()) - SHOWN_DEAD_LETTERS} more")
+        still = ", ".join(f"{status}: {n}" for status, n in sorted(left.items()))
+        write(f"Still queued:  {sum(left.values())}" + (f" ({still})" if still else ""))
+        write(
+            "\nThe admin: run `python testproject/manage.py createsuperuser`, then\n"
+            "`python testproject/manage.py runserver` and open http://127.0.0.1:8000/admin/"
+        )
