@@ -71,6 +71,18 @@ def _log_extra(message, **fields):
     return {"message_id": message.pk, "topic": message.topic, "attempt": message.attempts, **fields}
 
 
+def _log_lease_lost(message, what):
+    """The named outcome of a guard that matched no row."""
+    logger.warning(
+        "Message id=%s topic=%s attempt=%s %s: lease lost",
+        message.pk,
+        message.topic,
+        message.attempts,
+        what,
+        extra=_log_extra(message, state="lease_lost"),
+    )
+
+
 def claim(queues, limit, worker_id, lease_seconds, now=None):
     """Lease up to ``limit`` ready messages of ``queues`` to ``worker_id``.
 
@@ -132,13 +144,7 @@ def ack(message):
     """
     deleted, _ = _leased(message, alias()).delete()
     if not deleted:
-        logger.warning(
-            "Message id=%s topic=%s attempt=%s not acknowledged: lease lost",
-            message.pk,
-            message.topic,
-            message.attempts,
-            extra=_log_extra(message, state="lease_lost"),
-        )
+        _log_lease_lost(message, "not acknowledged")
     return bool(deleted)
 
 
@@ -163,13 +169,7 @@ def ack_many(messages):
             )
     for message in messages:
         if message.pk not in finished:
-            logger.warning(
-                "Message id=%s topic=%s attempt=%s not acknowledged: lease lost",
-                message.pk,
-                message.topic,
-                message.attempts,
-                extra=_log_extra(message, state="lease_lost"),
-            )
+            _log_lease_lost(message, "not acknowledged")
     return finished
 
 
@@ -191,13 +191,7 @@ def retry_later(message, delay, category, error, now=None):
         updated_at=now_value,
     )
     if not updated:
-        logger.warning(
-            "Message id=%s topic=%s attempt=%s retry not recorded: lease lost",
-            message.pk,
-            message.topic,
-            message.attempts,
-            extra=_log_extra(message, state="lease_lost"),
-        )
+        _log_lease_lost(message, "retry not recorded")
     return bool(updated)
 
 
@@ -255,14 +249,7 @@ def dead_letter(
             rows = rows.filter(lease_token=message.lease_token)
         row = rows.first()
         if row is None:
-            logger.warning(
-                "Message id=%s topic=%s attempt=%s not dead-lettered: no longer %s",
-                message.pk,
-                message.topic,
-                message.attempts,
-                expect,
-                extra=_log_extra(message, state="lease_lost"),
-            )
+            _log_lease_lost(message, f"not dead-lettered (no longer {expect})")
             return None
         dead = DeadLetter.objects.using(using).create(
             message_id=row.pk,
