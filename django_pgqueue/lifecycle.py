@@ -40,8 +40,19 @@ logger = logging.getLogger(__name__)
 # Each subquery reads the head of a partial index.
 PROBE_SQL = """
 SELECT now(),
-    (SELECT min(run_at) FROM {table} WHERE status = 'waiting' AND queue = ANY(%s)),
+    (SELECT min(head.run_at) FROM unnest(%s::text[]) AS q(name), LATERAL (
+        SELECT run_at FROM {table} WHERE status = 'waiting' AND queue = q.name
+        ORDER BY run_at LIMIT 1) AS head),
     (SELECT min(lease_expires_at) FROM {table} WHERE status = 'processing')
+"""
+
+# Acknowledgement: the ORM cannot return the ids a DELETE removed, and
+# QuerySet.delete() adds a transaction of its own (three round trips instead
+# of one). The guard is the lease: only rows this lease still holds go.
+ACK_SQL = """
+DELETE FROM {table}
+WHERE id = ANY(%s) AND status = 'processing' AND lease_token = %s
+RETURNING id
 """
 
 # Maintenance leadership: a transaction-scoped advisory lock, so it works
@@ -86,20 +97,28 @@ def _log_lease_lost(message, what):
 def claim(queues, limit, worker_id, lease_seconds, now=None):
     """Lease up to ``limit`` ready messages of ``queues`` to ``worker_id``.
 
-    One transaction: SELECT ... FOR UPDATE SKIP LOCKED in claim order (so
-    concurrent workers never wait for each other and never take the same
-    row), then one UPDATE that sets the lease, a fresh fencing token and
-    counts the attempt. Returns the messages as leased.
+    One transaction: SELECT ... FOR UPDATE SKIP LOCKED in claim order
+    (priority, run_at, id; queues in the order given), so concurrent workers
+    never wait for each other and never take the same row; then one UPDATE
+    that sets the lease, a fresh fencing token and counts the attempt.
+    Returns the messages as leased.
     """
     using = alias()
     token = uuid.uuid4()
     with transaction.atomic(using=using):
-        messages = list(
-            Message.objects.using(using)
-            .select_for_update(skip_locked=True)
-            .filter(status=Status.WAITING, queue__in=queues, run_at__lte=now or Now())
-            .order_by("-priority", "run_at", "id")[:limit]
-        )
+        messages = []
+        # One ordered index scan per queue (an IN list over several queues
+        # cannot use the index order and would sort every waiting row): the
+        # queues are served in the order given.
+        for name in queues:
+            messages += (
+                Message.objects.using(using)
+                .select_for_update(skip_locked=True)
+                .filter(status=Status.WAITING, queue=name, run_at__lte=now or Now())
+                .order_by("-priority", "run_at", "id")[: limit - len(messages)]
+            )
+            if len(messages) >= limit:
+                break
         if not messages:
             return []
         Message.objects.using(using).filter(pk__in=[m.pk for m in messages]).update(
@@ -142,10 +161,10 @@ def ack(message):
     handler's writes and the removal commit together. False: the lease was
     lost, and the caller must roll back.
     """
-    deleted, _ = _leased(message, alias()).delete()
-    if not deleted:
-        _log_lease_lost(message, "not acknowledged")
-    return bool(deleted)
+    if _delete_leased([message.pk], message.lease_token):
+        return True
+    _log_lease_lost(message, "not acknowledged")
+    return False
 
 
 def ack_many(messages):
@@ -153,24 +172,21 @@ def ack_many(messages):
 
     Returns the ids that were still held by their lease and are now finished.
     """
-    using = alias()
     finished = set()
     for token, batch in _by_token(messages).items():
-        ids = {m.pk for m in batch}
-        held = Message.objects.using(using).filter(
-            pk__in=ids, status=Status.PROCESSING, lease_token=token
-        )
-        deleted, _ = held.delete()
-        if deleted == len(ids):
-            finished |= ids
-        else:  # rare: name the ones another worker holds now
-            finished |= ids - set(
-                Message.objects.using(using).filter(pk__in=ids).values_list("pk", flat=True)
-            )
+        finished |= _delete_leased([m.pk for m in batch], token)
     for message in messages:
         if message.pk not in finished:
             _log_lease_lost(message, "not acknowledged")
     return finished
+
+
+def _delete_leased(ids, token):
+    connection = connections[alias()]
+    sql = ACK_SQL.format(table=connection.ops.quote_name(Message._meta.db_table))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [ids, token])
+        return {row[0] for row in cursor.fetchall()}
 
 
 def retry_later(message, delay, category, error, now=None):
@@ -218,7 +234,8 @@ def release(messages):
 
 def extend_leases(messages, lease_seconds, now=None):
     """Push the leases of ``messages`` forward; returns the ids whose lease
-    was lost (rescued, timed out or finished elsewhere)."""
+    was lost: rows now in another state or under another lease. A row that is
+    gone was acknowledged meanwhile, which is no loss."""
     using = alias()
     lost = set()
     for token, batch in _by_token(messages).items():
@@ -227,7 +244,12 @@ def extend_leases(messages, lease_seconds, now=None):
             pk__in=ids, status=Status.PROCESSING, lease_token=token
         )
         if held.update(lease_expires_at=_lease_expiry(lease_seconds, now)) < len(ids):
-            lost |= set(ids) - set(held.values_list("pk", flat=True))
+            lost |= set(
+                Message.objects.using(using)
+                .filter(pk__in=ids)
+                .exclude(status=Status.PROCESSING, lease_token=token)
+                .values_list("pk", flat=True)
+            )
     return lost
 
 

@@ -158,6 +158,8 @@ class Worker:
                 self._expire_timeouts()
                 if self._limit_reached() and not self._busy():
                     break
+                if self.burst and not self._busy():
+                    probe = True  # all done: exit unless more is ready
                 if ready_hint and self._free_slots() > 0 and not self._limit_reached():
                     asked, got = self._claim()
                     ready_hint = got == asked  # a full batch: more may be waiting
@@ -203,8 +205,6 @@ class Worker:
                 ready_hint = True
             if now >= next_poll:
                 next_poll = now + self._poll_delay()
-                probe = True
-            if self.burst and not self._busy():
                 probe = True
 
     def _claim(self):

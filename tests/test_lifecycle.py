@@ -44,6 +44,16 @@ def test_claim_takes_ready_messages_in_priority_then_run_at_then_id_order(make_m
     assert [m.pk for m in claimed] == [high.pk, low_old.pk, low_new_a.pk, low_new_b.pk]
 
 
+def test_claim_serves_several_queues_in_the_order_given(make_message):
+    a1 = make_message(queue="a", priority=0, run_at=NOW - SECOND)
+    b1 = make_message(queue="b", priority=9, run_at=NOW - 9 * SECOND)
+    a2 = make_message(queue="a", priority=1, run_at=NOW - SECOND)
+    c1 = make_message(queue="c")
+    assert [m.pk for m in lifecycle.claim(["a", "b"], 3, "w", 30, now=NOW)] == [a2.pk, a1.pk, b1.pk]
+    assert lifecycle.claim(["a", "b"], 3, "w", 30, now=NOW) == []
+    assert Message.objects.get(pk=c1.pk).status == Status.WAITING
+
+
 def test_claim_sets_the_lease_counts_the_attempt_and_respects_the_limit(make_message):
     for _ in range(5):
         make_message(run_at=NOW - SECOND, attempts=2)
@@ -188,7 +198,12 @@ def test_extend_leases_reports_the_lost_ones(make_message):
     held = make_message(status=Status.PROCESSING, lease_expires_at=NOW + SECOND)
     rescued = make_message(status=Status.PROCESSING, lease_token=held.lease_token)
     Message.objects.filter(pk=rescued.pk).update(status=Status.WAITING, lease_token=None)
-    assert lifecycle.extend_leases([held, rescued], 60, now=NOW) == {rescued.pk}
+    taken = make_message(status=Status.PROCESSING, lease_token=held.lease_token)
+    Message.objects.filter(pk=taken.pk).update(lease_token=uuid.uuid4())
+    acked = make_message(status=Status.PROCESSING, lease_token=held.lease_token)
+    Message.objects.filter(pk=acked.pk).delete()  # finished meanwhile: not lost
+    lost = lifecycle.extend_leases([held, rescued, taken, acked], 60, now=NOW)
+    assert lost == {rescued.pk, taken.pk}
     assert reread(held).lease_expires_at == NOW + 60 * SECOND
     assert reread(rescued).lease_expires_at == rescued.lease_expires_at
 
