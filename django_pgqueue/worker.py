@@ -158,7 +158,7 @@ class Worker:
                 self._expire_timeouts()
                 if self._limit_reached() and not self._busy():
                     break
-                if self.burst and not self._busy():
+                if self.burst and not ready_hint and not self._busy():
                     probe = True  # all done: exit unless more is ready
                 if ready_hint and self._free_slots() > 0 and not self._limit_reached():
                     asked, got = self._claim()
