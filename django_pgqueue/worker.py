@@ -249,12 +249,11 @@ class Worker:
         job.thread = threading.get_ident()
         try:
             if spec is None:
-                self._record_failure(
+                outcome = self._record_failure(
                     job,
                     LookupError(f"no handler for topic {message.topic!r}"),
                     category=Category.PERMANENT,
                 )
-                outcome = FAILED
             elif spec.atomic:
                 with transaction.atomic(using=lifecycle.alias()):
                     _call(spec, message)
