@@ -14,7 +14,11 @@ _API = {
     "Retry": "django_pgqueue.exceptions",
     "Permanent": "django_pgqueue.exceptions",
     "InvalidMessage": "django_pgqueue.exceptions",
+    "DeadLetterError": "django_pgqueue.exceptions",
     "PgQueueError": "django_pgqueue.exceptions",
+    "revive": "django_pgqueue.deadletters",
+    "resolve": "django_pgqueue.deadletters",
+    "categorize": "django_pgqueue.deadletters",
 }
 
 __all__ = sorted(_API)

@@ -18,6 +18,10 @@ class InvalidMessage(PgQueueError, ValueError):
     """The message cannot be enqueued as given; nothing was written."""
 
 
+class DeadLetterError(PgQueueError, ValueError):
+    """The dead-letter operation cannot run as asked; nothing was changed."""
+
+
 class DuplicateHandler(PgQueueError):
     """Two handlers are registered for one topic."""
 

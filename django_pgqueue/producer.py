@@ -421,3 +421,18 @@ def _key(name, value):
 
 def _is_int(value):
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+# --- for deadletters.revive() ---------------------------------------------------
+
+
+def check_message(**fields):
+    """Raise ``InvalidMessage`` if ``enqueue(**fields)`` would; write nothing.
+
+    A bulk caller (``deadletters.revive``) checks each row first and sets the
+    bad ones aside, instead of having one bad row fail a whole
+    ``enqueue_many()`` call.
+    """
+    if "topic" not in fields:
+        raise InvalidMessage("no topic")
+    _validate({"payload": None, **fields})

@@ -10,19 +10,10 @@ from django.core.management.base import BaseCommand
 from django.db import connections
 
 from django_pgqueue import conf
+from django_pgqueue.management.options import positive_int
 from django_pgqueue.worker import Worker
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-
-
-def positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
 
 
 def seconds(text, allow_zero=False):

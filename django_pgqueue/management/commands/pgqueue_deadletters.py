@@ -1,0 +1,303 @@
+"""manage.py pgqueue_deadletters: list, revive, resolve and categorize dead
+letters from the shell (the same operations as django_pgqueue.deadletters).
+
+    pgqueue_deadletters list [filters] [--limit N] [--json]
+    pgqueue_deadletters revive [filters] [--queue Q] [--topic-to T] [--force] [--rate N]
+    pgqueue_deadletters resolve [filters] --note "..." [--by NAME]
+    pgqueue_deadletters categorize [filters] --to CATEGORY [--note "..."]
+
+Filters: --topic, --category, --state, --since, --ids. The three actions
+refuse to run without a filter unless --all is given, and take --dry-run.
+"""
+
+import argparse
+import datetime
+import getpass
+import json
+import math
+import re
+
+from django.core.management.base import BaseCommand, CommandError
+from django.core.serializers.json import DjangoJSONEncoder
+from django.utils import timezone
+
+from django_pgqueue import conf, deadletters
+from django_pgqueue.exceptions import DeadLetterError
+from django_pgqueue.management.options import positive_int
+from django_pgqueue.models import Category, DeadLetterState
+
+FILTERS = ("topic", "category", "state", "since", "ids")
+
+_AGE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
+_AGE_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+# list: the columns of the table, (title, width); the reason takes the rest.
+COLUMNS = (
+    ("ID", 8),
+    ("DEAD-LETTERED", 16),
+    ("STATE", 8),
+    ("CATEGORY", 10),
+    ("TOPIC", 28),
+    ("QUEUE", 12),
+    ("ATT", 3),
+)
+
+
+def _list_of(text):
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError("give at least one value")
+    return items
+
+
+def _choices_list(choices, what):
+    def parse(text):
+        items = _list_of(text)
+        for item in items:
+            if item not in choices.values:
+                raise argparse.ArgumentTypeError(
+                    f"unknown {what} {item!r}; one of {', '.join(choices.values)}"
+                )
+        return items
+
+    return parse
+
+
+category_list = _choices_list(Category, "category")
+state_list = _choices_list(DeadLetterState, "state")
+
+
+def category(text):
+    if text not in Category.values:
+        raise argparse.ArgumentTypeError(
+            f"unknown category {text!r}; one of {', '.join(Category.values)}"
+        )
+    return text
+
+
+def id_list(text):
+    ids = []
+    for item in _list_of(text):
+        try:
+            value = int(item)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{item!r} is not a whole number") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"ids are at least 1, not {value}")
+        ids.append(value)
+    return ids
+
+
+def since(text):
+    """A date (2026-11-01, midnight in the current time zone), an ISO 8601
+    datetime, or an age: 30m, 2h, 3d, 1w."""
+    text = text.strip()
+    match = _AGE.match(text)
+    if match:
+        amount = float(match.group(1))
+        try:
+            return timezone.now() - datetime.timedelta(**{_AGE_UNITS[match.group(2)]: amount})
+        except OverflowError:
+            raise argparse.ArgumentTypeError(f"{text!r} reaches back before year 1") from None
+    for parse in (datetime.date.fromisoformat, datetime.datetime.fromisoformat):
+        try:
+            value = parse(text)
+        except ValueError:
+            continue
+        if not isinstance(value, datetime.datetime):
+            value = datetime.datetime.combine(value, datetime.time())
+        if timezone.is_naive(value):
+            value = timezone.make_aware(value)
+        return value
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is not a date (2026-11-01), a datetime (2026-11-01T08:30) "
+        "or an age (30m, 2h, 3d, 1w)"
+    )
+
+
+def rate(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be more than zero messages per second, not {text}")
+    return value
+
+
+def _name(kind, max_length):
+    def parse(text):
+        problem = conf.name_problem(kind, text, max_length)
+        if problem:
+            raise argparse.ArgumentTypeError(problem)
+        return text
+
+    return parse
+
+
+queue_name = _name("queue name", conf.QUEUE_MAX_LENGTH)
+topic_name = _name("topic name", conf.TOPIC_MAX_LENGTH)
+
+
+def note(text):
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
+def _default_actor():
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a bare container)
+        return ""
+
+
+class Command(BaseCommand):
+    help = "List, revive, resolve and categorize dead letters."
+
+    def add_arguments(self, parser):
+        filters = argparse.ArgumentParser(add_help=False)
+        group = filters.add_argument_group("filters (all must match)")
+        group.add_argument("--topic", type=_list_of, help="comma-separated topics")
+        group.add_argument(
+            "--category",
+            type=category_list,
+            help=f"comma-separated categories: {', '.join(Category.values)}",
+        )
+        group.add_argument(
+            "--state",
+            type=state_list,
+            help=f"comma-separated states: {', '.join(DeadLetterState.values)}",
+        )
+        group.add_argument(
+            "--since",
+            type=since,
+            help="dead-lettered at or after: a date (2026-11-01), a datetime, or an age "
+            "(30m, 2h, 3d, 1w)",
+        )
+        group.add_argument("--ids", type=id_list, help="comma-separated dead-letter ids")
+
+        action = argparse.ArgumentParser(add_help=False)
+        action.add_argument(
+            "--all", action="store_true", help="act on every dead letter when no filter is given"
+        )
+        action.add_argument(
+            "--dry-run", action="store_true", help="count what would change; change nothing"
+        )
+        action.add_argument(
+            "--by",
+            default=None,
+            help="who does it, for the audit fields (default: the login name)",
+        )
+
+        subcommands = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+        listing = subcommands.add_parser("list", parents=[filters], help="show dead letters")
+        listing.add_argument(
+            "--limit", type=positive_int, default=100, help="show at most N (default: 100)"
+        )
+        listing.add_argument("--json", action="store_true", help="one JSON array, all fields")
+
+        reviving = subcommands.add_parser(
+            "revive", parents=[filters, action], help="put dead letters back into the queue"
+        )
+        reviving.add_argument("--queue", type=queue_name, help="revive into this queue instead")
+        reviving.add_argument("--topic-to", type=topic_name, help="revive under this topic instead")
+        reviving.add_argument(
+            "--force", action="store_true", help="revive already revived or resolved ones too"
+        )
+        reviving.add_argument(
+            "--rate",
+            type=rate,
+            help="revive at most N messages per second instead of all at once",
+        )
+        reviving.add_argument("--note", type=note, help="a note for the audit trail")
+
+        resolving = subcommands.add_parser(
+            "resolve", parents=[filters, action], help="close dead letters without reviving"
+        )
+        resolving.add_argument("--note", type=note, required=True, help="why (required)")
+
+        categorizing = subcommands.add_parser(
+            "categorize", parents=[filters, action], help="set the category of dead letters"
+        )
+        categorizing.add_argument(
+            "--to",
+            type=category,
+            required=True,
+            help=f"the category: {', '.join(Category.values)}",
+        )
+        categorizing.add_argument("--note", type=note, help="a note for the audit trail")
+
+    def handle(self, *args, action, **options):
+        try:
+            selected = deadletters.select(
+                topics=options["topic"],
+                categories=options["category"],
+                states=options["state"],
+                since=options["since"],
+                ids=options["ids"],
+            )
+            if action == "list":
+                self._list(selected, options["limit"], options["json"])
+                return
+            if not options["all"] and not any(options[name] is not None for name in FILTERS):
+                raise CommandError(
+                    f"refusing to {action} every dead letter: give a filter "
+                    f"({', '.join('--' + name for name in FILTERS)}) or --all"
+                )
+            by = options["by"] if options["by"] is not None else _default_actor()
+            common = {"by": by, "dry_run": options["dry_run"]}
+            if action == "revive":
+                result = deadletters.revive(
+                    selected,
+                    queue=options["queue"],
+                    topic=options["topic_to"],
+                    force=options["force"],
+                    rate=options["rate"],
+                    note=options["note"],
+                    **common,
+                )
+            elif action == "resolve":
+                result = deadletters.resolve(selected, note=options["note"], **common)
+            else:
+                result = deadletters.categorize(
+                    selected, options["to"], note=options["note"], **common
+                )
+        except DeadLetterError as exc:
+            raise CommandError(str(exc)) from exc
+        self.stdout.write(str(result))
+
+    def _list(self, selected, limit, as_json):
+        total = selected.count()
+        rows = list(selected.order_by("-dead_lettered_at", "-id")[:limit])
+        if as_json:
+            self.stdout.write(
+                json.dumps([_as_dict(row) for row in rows], cls=DjangoJSONEncoder, indent=2)
+            )
+            return
+        if not rows:
+            self.stdout.write("no dead letters")
+            return
+        header = " ".join(title.ljust(width) for title, width in COLUMNS) + " REASON"
+        self.stdout.write(header)
+        for row in rows:
+            when = timezone.localtime(row.dead_lettered_at).strftime("%Y-%m-%d %H:%M")
+            values = (row.pk, when, row.state, row.category, row.topic, row.queue, row.attempts)
+            cells = [_cell(value, width) for value, (_, width) in zip(values, COLUMNS, strict=True)]
+            reason = row.reason.splitlines()[0] if row.reason else ""
+            self.stdout.write(" ".join(cells) + " " + _cell(reason, 60).rstrip())
+        shown = f"{len(rows)} of {total}" if len(rows) < total else f"{total}"
+        more = " (--limit shows more)" if len(rows) < total else ""
+        self.stdout.write(f"{shown} dead letter{'' if total == 1 else 's'}{more}")
+
+
+def _cell(value, width):
+    # Topics and reasons come from other programs: no control characters to the terminal.
+    text = "".join(c if c.isprintable() else "?" for c in str(value))
+    if len(text) > width:
+        text = text[: width - 1] + "…"
+    return text.ljust(width)
+
+
+def _as_dict(row):
+    return {field.attname: getattr(row, field.attname) for field in row._meta.concrete_fields}

@@ -1,0 +1,14 @@
+"""argparse ``type=`` validators shared by the management commands (a
+command module must not import another)."""
+
+import argparse
+
+
+def positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
