@@ -105,8 +105,9 @@ def revive(
     inserted through the producer's INSERT (so its NOTIFY wakes the
     workers); ``queue=`` or ``topic=`` sends it elsewhere instead. In the
     same transaction the dead letter becomes ``revived`` with
-    ``revived_at``, ``revive_count + 1``, ``revived_message_id`` and a line
-    in ``notes`` saying who (``by``: a name or a user) and ``note``.
+    ``revived_at``, ``revive_count + 1``, ``revived_message_id``,
+    ``revived_by`` (``by``: a name or a user) and a line in ``notes`` saying
+    who and ``note``.
 
     Skipped: dead letters already revived or resolved, unless ``force``;
     those whose dedup_key an unfinished message of the topic holds
@@ -262,6 +263,7 @@ class _Reviver:
         row.revived_at = now
         row.revive_count += 1
         row.revived_message_id = message.pk
+        row.revived_by = self.by
         moved = [
             f"{name} {old} -> {new}"
             for name, old, new in [
@@ -278,7 +280,8 @@ def _mark_revived(rows, using):
     """The revived dead letters' UPDATE, in the transaction of their INSERT."""
     if rows:
         DeadLetter.objects.using(using).bulk_update(
-            rows, ["state", "revived_at", "revive_count", "revived_message_id", "notes"]
+            rows,
+            ["state", "revived_at", "revive_count", "revived_message_id", "revived_by", "notes"],
         )
 
 
@@ -354,8 +357,9 @@ def categorize(
 ):
     """Set the category of dead letters (in any state), as a person decided.
 
-    ``category`` is one of ``models.Category``. A line in ``notes`` records
-    the previous category, who (``by``) and ``note``. Dead letters already in
+    ``category`` is one of ``models.Category``. ``category_set_by`` (``by``)
+    and ``category_set_at`` record who and when; a line in ``notes`` records
+    the previous category, who and ``note``. Dead letters already in
     that category are skipped.
     """
     using = _alias()
@@ -386,7 +390,12 @@ def categorize(
                 result.done += (
                     DeadLetter.objects.using(using)
                     .filter(pk__in=[row.pk for row in group], category=old)
-                    .update(category=category, notes=_append_expression(line))
+                    .update(
+                        category=category,
+                        category_set_by=by,
+                        category_set_at=now_value,
+                        notes=_append_expression(line),
+                    )
                 )
         for row in changed:
             logger.info(

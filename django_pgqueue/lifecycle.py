@@ -3,6 +3,7 @@
 Every transition is one transaction guarded by the state it expects and, for
 a leased message, by its lease token (the fencing token):
 
+    waiting --run_now--> waiting (due now)
     waiting --claim--> processing --ack--> (deleted)
                            |--retry_later--> waiting (run_at in the future)
                            |--release--> waiting (attempt not counted)
@@ -23,7 +24,7 @@ import uuid
 from dataclasses import dataclass
 
 from django.db import connections, transaction
-from django.db.models import F, Value
+from django.db.models import F, QuerySet, Value
 from django.db.models.functions import Coalesce, Greatest, Now
 from django.utils import timezone
 
@@ -54,6 +55,9 @@ DELETE FROM {table}
 WHERE id = ANY(%s) AND status = 'processing' AND lease_token = %s
 RETURNING id
 """
+
+# The wake-up the insert trigger sends, for changes that are not inserts.
+NOTIFY_SQL = "SELECT pg_notify('django_pgqueue', queue) FROM unnest(%s::text[]) AS queue"
 
 # Maintenance leadership: a transaction-scoped advisory lock, so it works
 # behind a transaction-pooling PgBouncer too (no session state) and is
@@ -230,6 +234,32 @@ def release(messages):
             )
         )
     return released
+
+
+def run_now(messages, now=None):
+    """Clear the delay of waiting messages (a queryset or ids): those due
+    later become due ``now``. One UPDATE guarded by ``status = 'waiting'``;
+    leased and already due messages are left alone. Returns how many changed.
+    """
+    using = alias()
+    if isinstance(messages, QuerySet):
+        selected = messages.using(using).values("pk")
+    else:
+        selected = [getattr(m, "pk", m) for m in messages]
+    now_value = now or Now()
+    delayed = Message.objects.using(using).filter(
+        pk__in=selected, status=Status.WAITING, run_at__gt=now_value
+    )
+    with transaction.atomic(using=using):
+        queues = list(delayed.values_list("queue", flat=True).distinct())
+        updated = delayed.update(run_at=now_value, updated_at=now_value)
+        if updated and conf.get("NOTIFY"):
+            # An UPDATE does not fire the insert trigger: wake the workers of
+            # these queues the same way (delivered at commit).
+            with connections[using].cursor() as cursor:
+                cursor.execute(NOTIFY_SQL, [queues])
+    logger.info("Messages run now: %s", updated, extra={"state": "run_now", "count": updated})
+    return updated
 
 
 def extend_leases(messages, lease_seconds, now=None):

@@ -142,8 +142,11 @@ class DeadLetter(models.Model):
     revived_at = models.DateTimeField(null=True, blank=True)
     revive_count = models.IntegerField(db_default=0)
     revived_message_id = models.BigIntegerField(null=True, blank=True)
+    revived_by = models.CharField(max_length=150, db_default="", blank=True)
     resolved_at = models.DateTimeField(null=True, blank=True)
     resolved_by = models.CharField(max_length=150, db_default="", blank=True)
+    category_set_by = models.CharField(max_length=150, db_default="", blank=True)
+    category_set_at = models.DateTimeField(null=True, blank=True)
     notes = models.TextField(db_default="", blank=True)
 
     class Meta:

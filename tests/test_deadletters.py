@@ -95,6 +95,7 @@ def test_revive_puts_a_waiting_message_with_the_same_fields_and_records_the_audi
     assert row.revived_at == NOW
     assert row.revive_count == 1
     assert row.revived_message_id == message.pk
+    assert row.revived_by == "alice"
     assert row.notes == (
         f"looked at it\n[{NOW.isoformat()}] revived as message {message.pk} "
         "by alice: payment service is back"
@@ -461,11 +462,13 @@ def test_categorize_sets_the_category_and_notes_who_and_what_it_was(make_dead_le
     stamp = f"[{NOW.isoformat()}]"
     row = reread(transient)
     assert row.category == Category.BUSINESS
+    assert (row.category_set_by, row.category_set_at) == ("erin", NOW)
     assert row.notes == f"{stamp} category set to business (was transient) by erin: price rule"
     row = reread(unknown)
     assert (row.category, row.state) == (Category.BUSINESS, RESOLVED)
     assert row.notes == f"old\n{stamp} category set to business (was unknown) by erin: price rule"
-    assert reread(already).notes == ""
+    assert (reread(already).notes, reread(already).category_set_by) == ("", "")
+    assert reread(already).category_set_at is None, "an unchanged category got a timestamp"
     assert (
         f"Dead letter id={transient.pk} topic=test.record category transient -> business by erin"
         in (caplog.messages)

@@ -333,6 +333,21 @@ def test_maintenance_runs_in_one_worker_at_a_time(make_message):
     assert maintenance.run_once(now=NOW) == maintenance.MaintenanceResult(1, 0)
 
 
+# --- run now ------------------------------------------------------------------
+
+
+def test_run_now_clears_the_delay_of_waiting_messages_only(make_message, listener):
+    delayed = make_message(run_at=NOW + 3600 * SECOND, queue="mail")
+    due = make_message(run_at=NOW - 60 * SECOND)
+    leased = make_message(status=Status.PROCESSING, run_at=NOW + 3600 * SECOND)
+    listener.wait_for(2)  # the two waiting rows' own notifications
+    assert lifecycle.run_now([delayed.pk, due.pk, leased.pk], now=NOW) == 1
+    assert reread(delayed).run_at == NOW
+    assert reread(due).run_at == NOW - 60 * SECOND, "an already due message keeps its place"
+    assert reread(leased).run_at == NOW + 3600 * SECOND
+    assert listener.wait_for(1) == [("django_pgqueue", "mail")], "the workers were not woken"
+
+
 # --- probe --------------------------------------------------------------------
 
 
