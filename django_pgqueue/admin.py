@@ -15,25 +15,28 @@ import json
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, LogEntry
+from django.core.exceptions import PermissionDenied
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db.models import Q, TextField
 from django.db.models.functions import Cast
 from django.template.response import TemplateResponse
+from django.urls import path
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.text import Truncator
 from django.utils.timesince import timesince
 
-from . import conf, deadletters, lifecycle
+from . import conf, deadletters, lifecycle, stats
 from .exceptions import DeadLetterError
 from .forms import (
     CategoryForm,
     DeadLetterMoveForm,
     DeadLetterPayloadForm,
     ResolveForm,
+    ReviveAgainForm,
     ReviveToForm,
 )
-from .models import DeadLetter, DeadLetterState, Message, Status
+from .models import Category, DeadLetter, DeadLetterState, Message, Status
 
 LOG_CHUNK = 1000  # LogEntry rows written per INSERT
 EXAMPLES = 10  # rows named on an intermediate page
@@ -47,6 +50,19 @@ def _pretty_json(value):
     """``value`` as indented JSON in a <pre>, escaped."""
     text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, cls=DjangoJSONEncoder)
     return format_html('<pre class="pgqueue-json">{}</pre>', text)
+
+
+def _duration(seconds):
+    """``seconds`` as its two largest units from the first non-zero one ("1h 0m",
+    "4m 12s", "7s"), or "-" for None."""
+    if seconds is None:
+        return "-"
+    rest, parts = int(seconds), []
+    for size, unit in [(86400, "d"), (3600, "h"), (60, "m"), (1, "s")]:
+        n, rest = divmod(rest, size)
+        if n or parts or size == 1:
+            parts.append(f"{n}{unit}")
+    return " ".join(parts[:2])
 
 
 def _short(text, length=80):
@@ -314,7 +330,7 @@ class DeadLetterAdmin(QueueAdminMixin, admin.ModelAdmin):
     date_hierarchy = "dead_lettered_at"
     search_fields = ["reason", "=message_id"]
     ordering = ["-dead_lettered_at", "-id"]
-    actions = ["revive", "set_category", "resolve", "revive_to"]
+    actions = ["revive", "revive_again", "set_category", "resolve", "revive_to"]
     _fields = [
         "message_id",
         "queue",
@@ -373,6 +389,49 @@ class DeadLetterAdmin(QueueAdminMixin, admin.ModelAdmin):
                 request, "Not saved: the dead letter is no longer new.", messages.ERROR
             )
 
+    def get_urls(self):
+        # Before the model's own URLs: "<path:object_id>/" would take "summary/".
+        view = self.admin_site.admin_view(self.summary_view)
+        name = f"{self.opts.app_label}_{self.opts.model_name}_summary"
+        return [path("summary/", view, name=name), *super().get_urls()]
+
+    def summary_view(self, request):
+        """Dead letters by topic and category, queue depth and oldest ready age
+        (``stats``, read-only), as tables and CSS bars."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        state = request.GET.get("state")
+        state = state if state in DeadLetterState.values else None
+        dead = stats.dead_letters_by_topic_and_category(state=state)
+        by_category = dict.fromkeys(Category.values, 0)
+        for _, category, count in dead:
+            by_category[category] = by_category.get(category, 0) + count
+        most = max(by_category.values(), default=0) or 1
+        ages = stats.oldest_ready_age()
+        queues = {}
+        for queue, status, count in stats.queue_depth_by_status():
+            queues.setdefault(queue, dict.fromkeys(Status.values, 0))[status] = count
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": "Queue and dead-letter summary",
+            "state": state,
+            "states": DeadLetterState.choices,
+            "dead_letters": dead,
+            "dead_total": sum(count for *_, count in dead),
+            "category_bars": [
+                (category, count, round(100 * count / most, 1))
+                for category, count in by_category.items()
+            ],
+            "statuses": Status.values,
+            "depth": [
+                (queue, [counts[s] for s in Status.values], _duration(ages.get(queue)))
+                for queue, counts in sorted(queues.items())
+            ],
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, "admin/django_pgqueue/summary.html", context)
+
     def has_revive_permission(self, request):
         return self._has_perm(request, "revive")
 
@@ -398,12 +457,18 @@ class DeadLetterAdmin(QueueAdminMixin, admin.ModelAdmin):
     def notes_full(self, obj):
         return format_html("<pre>{}</pre>", obj.notes) if obj.notes else "-"
 
-    def _revive(self, request, queryset, queue=None, topic=None, note=""):
+    def _revive(self, request, queryset, queue=None, topic=None, note="", force=False):
         """Revive, report, and write one LogEntry per dead letter this call revived."""
         now = timezone.now()
         try:
             result = deadletters.revive(
-                queryset, queue=queue, topic=topic, by=request.user, note=note, now=now
+                queryset,
+                queue=queue,
+                topic=topic,
+                by=request.user,
+                note=note,
+                now=now,
+                force=force,
             )
         except DeadLetterError as exc:
             self.message_user(request, str(exc), messages.ERROR)
@@ -419,6 +484,25 @@ class DeadLetterAdmin(QueueAdminMixin, admin.ModelAdmin):
     @admin.action(description="Revive (back into the queue)", permissions=["revive"])
     def revive(self, request, queryset):
         self._revive(request, queryset)
+
+    @admin.action(description="Revive again, even if revived or resolved…", permissions=["revive"])
+    def revive_again(self, request, queryset):
+        form = _applied_form(request, ReviveAgainForm)
+        if not form.is_bound or not form.is_valid():
+            again = queryset.exclude(state=DeadLetterState.NEW).count()
+            return _intermediate_page(
+                self,
+                request,
+                queryset,
+                "revive_again",
+                form,
+                title="Revive again",
+                summary=f"{queryset.count()} dead letter(s) will be put back into the queue, "
+                f"{again} of them again although they were revived or resolved before.",
+                submit_label="Revive again",
+            )
+        self._revive(request, queryset, note=form.cleaned_data["note"], force=True)
+        return None
 
     @admin.action(description="Revive to another queue or topic…", permissions=["revive"])
     def revive_to(self, request, queryset):

@@ -32,6 +32,13 @@ class ResolveForm(forms.Form):
         return note
 
 
+class ReviveAgainForm(forms.Form):
+    """The explicit request to revive dead letters that were revived or
+    resolved before (the plain Revive skips them)."""
+
+    note = forms.CharField(required=False, max_length=500)
+
+
 class ReviveToForm(forms.Form):
     queue = forms.CharField(required=False, max_length=conf.QUEUE_MAX_LENGTH)
     topic = forms.CharField(required=False, max_length=conf.TOPIC_MAX_LENGTH)

@@ -278,6 +278,26 @@ def test_revive_puts_a_waiting_message_and_records_who_and_a_log_entry(
     assert Message.objects.count() == 1
 
 
+def test_revive_again_is_an_explicit_confirmed_action(admin_client, make_dead_letter):
+    dead = make_dead_letter()
+    action(admin_client, DEAD_LETTERS, "revive", [dead])
+    resolved = make_dead_letter(state=RESOLVED)
+
+    page = action(admin_client, DEAD_LETTERS, "revive_again", [dead, resolved])
+    assert "2 dead letter(s) will be put back into the queue, 2 of them again" in (
+        page.content.decode()
+    )
+    assert Message.objects.count() == 1, "revived again before the confirmation"
+
+    response = apply(
+        admin_client, DEAD_LETTERS, "revive_again", [dead, resolved], note="retry", follow=True
+    )
+    assert texts(response) == ["Revived 2, skipped 0."]
+    assert Message.objects.count() == 3
+    assert reread(dead).revive_count == 2 and reread(resolved).state == REVIVED
+    assert logged(resolved, "Revived")
+
+
 def test_set_category_shows_a_form_then_sets_it(admin_client, make_dead_letter):
     a, b = make_dead_letter(), make_dead_letter(category=Category.BUSINESS)
 
@@ -394,7 +414,7 @@ def test_a_view_only_user_is_offered_no_action_and_a_forged_one_is_refused(
     assert response.context["action_form"] is None, "actions offered without permission"
     assert 'name="payload"' not in client.get(change_url(dead)).content.decode()
 
-    for name in ["revive", "resolve", "set_category", "revive_to"]:
+    for name in ["revive", "revive_again", "resolve", "set_category", "revive_to"]:
         forged = action(client, DEAD_LETTERS, name, [dead], note="x", apply="yes")
         assert forged.status_code in (200, 302, 403)
     row = reread(dead)
@@ -411,7 +431,7 @@ def test_each_action_needs_its_own_permission(client, staff_user, make_dead_lett
         for name, _ in client.get(DEAD_LETTERS).context["action_form"].fields["action"].choices
         if name
     ]
-    assert sorted(choices) == ["revive", "revive_to"]
+    assert sorted(choices) == ["revive", "revive_again", "revive_to"]
 
     action(client, DEAD_LETTERS, "resolve", [dead], note="x", apply="yes")
     assert reread(dead).state == NEW, "resolved without resolve_deadletter"
