@@ -98,6 +98,25 @@ def make_message():
     return make
 
 
+@pytest.fixture
+def make_dead_letter():
+    """Fabricate a DeadLetter row; every field can be given."""
+    counter = iter(range(1_000_000, 2_000_000))
+
+    from django_pgqueue.models import Category, DeadLetter
+
+    def make(topic="test.record", **fields):
+        fields.setdefault("message_id", next(counter))
+        fields.setdefault("queue", "default")
+        fields.setdefault("payload", {"n": 1})
+        fields.setdefault("category", Category.TRANSIENT)
+        fields.setdefault("reason", "ConnectionError: downstream is down\nmore lines")
+        fields.setdefault("attempts", 5)
+        return DeadLetter.objects.create(topic=topic, **fields)
+
+    return make
+
+
 MANAGE = __import__("pathlib").Path(__file__).resolve().parent.parent / "testproject" / "manage.py"
 
 

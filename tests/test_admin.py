@@ -29,22 +29,6 @@ def change_url(obj):
     return reverse(f"admin:django_pgqueue_{obj._meta.model_name}_change", args=[obj.pk])
 
 
-@pytest.fixture
-def make_dead_letter():
-    counter = iter(range(1_000_000, 2_000_000))
-
-    def make(topic="test.record", **fields):
-        fields.setdefault("message_id", next(counter))
-        fields.setdefault("queue", "default")
-        fields.setdefault("payload", {"n": 1})
-        fields.setdefault("category", Category.TRANSIENT)
-        fields.setdefault("reason", "ConnectionError: downstream is down\nmore lines")
-        fields.setdefault("attempts", 5)
-        return DeadLetter.objects.create(topic=topic, **fields)
-
-    return make
-
-
 def reread(obj):
     return type(obj).objects.get(pk=obj.pk)
 

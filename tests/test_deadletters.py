@@ -30,23 +30,6 @@ HOUR = datetime.timedelta(hours=1)
 NEW, REVIVED, RESOLVED = DeadLetterState.NEW, DeadLetterState.REVIVED, DeadLetterState.RESOLVED
 
 
-@pytest.fixture
-def make_dead_letter():
-    """Fabricate a DeadLetter row; every field can be given."""
-    counter = iter(range(1_000_000, 2_000_000))
-
-    def make(topic="test.record", **fields):
-        fields.setdefault("message_id", next(counter))
-        fields.setdefault("queue", "default")
-        fields.setdefault("payload", {"n": 1})
-        fields.setdefault("category", Category.TRANSIENT)
-        fields.setdefault("reason", "ConnectionError: downstream is down\nmore lines")
-        fields.setdefault("attempts", 5)
-        return DeadLetter.objects.create(topic=topic, **fields)
-
-    return make
-
-
 def reread(dead_letter):
     return DeadLetter.objects.get(pk=dead_letter.pk)
 
