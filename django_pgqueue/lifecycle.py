@@ -134,20 +134,22 @@ def claim(queues, limit, worker_id, lease_seconds, now=None):
             updated_at=now or Now(),
         )
     expires = (now or timezone.now()) + datetime.timedelta(seconds=lease_seconds)
+    log = logger.isEnabledFor(logging.INFO)  # the claim is the hot path: no idle work
     for message in messages:
         message.status = Status.PROCESSING
         message.attempts += 1
         message.lease_token = token
         message.lease_expires_at = expires
         message.locked_by = worker_id
-        logger.info(
-            "Message id=%s topic=%s attempt=%s claimed by %s",
-            message.pk,
-            message.topic,
-            message.attempts,
-            worker_id,
-            extra=_log_extra(message, state="claimed", worker=worker_id),
-        )
+        if log:
+            logger.info(
+                "Message id=%s topic=%s attempt=%s claimed by %s",
+                message.pk,
+                message.topic,
+                message.attempts,
+                worker_id,
+                extra=_log_extra(message, state="claimed", worker=worker_id),
+            )
     return messages
 
 

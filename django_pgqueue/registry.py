@@ -31,9 +31,6 @@ class HandlerSpec:
     is_async: bool
     location: str
 
-    def __call__(self, message):
-        return self.func(message)
-
 
 def handler(
     topic,
@@ -103,10 +100,6 @@ def unregister(topic):
 def lookup(topic):
     """The HandlerSpec for ``topic``, or None."""
     return _handlers.get(topic)
-
-
-def topics():
-    return sorted(_handlers)
 
 
 def autodiscover():
