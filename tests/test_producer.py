@@ -200,6 +200,23 @@ def test_dedup_is_per_topic_and_only_among_unfinished_messages():
 
 
 @pytest.mark.django_db
+def test_dedup_holder_finishing_between_insert_and_look_up_is_inserted_again(monkeypatch):
+    from django_pgqueue import producer
+
+    holder = enqueue("a", "old", dedup_key="k")
+    adopt = producer._adopt_existing
+
+    def holder_finishes_first(messages, alias):
+        Message.objects.filter(pk=holder.pk).delete()  # acknowledged in this very gap
+        return adopt(messages, alias)
+
+    monkeypatch.setattr(producer, "_adopt_existing", holder_finishes_first)
+    message = enqueue("a", "new", dedup_key="k")
+    assert message.created is True and message.pk != holder.pk
+    assert list(Message.objects.values_list("payload", flat=True)) == ["new"]
+
+
+@pytest.mark.django_db
 def test_messages_without_dedup_key_never_conflict():
     assert enqueue("a", {}).pk != enqueue("a", {}).pk
 

@@ -107,6 +107,19 @@ def test_a_transient_failure_is_retried_until_it_succeeds():
     assert not Message.objects.exists() and not DeadLetter.objects.exists()
 
 
+def broken_classifier(exc, message):
+    raise RuntimeError("the classifier itself is broken")
+
+
+@override_settings(PGQUEUE={"CLASSIFIER": broken_classifier})
+def test_a_broken_classifier_loses_nothing_the_failure_counts_as_unknown():
+    message = enqueue("test.fail", {"raise": "ValueError", "times": 5})
+    Worker(concurrency=1, burst=True).run()
+    row = Message.objects.get(pk=message.pk)
+    assert (row.status, row.attempts, row.last_error_category) == ("waiting", 1, "unknown")
+    assert not DeadLetter.objects.exists()
+
+
 def test_permanent_and_business_failures_go_straight_to_the_dead_letters():
     permanent = enqueue("test.fail", {"raise": "Permanent"})
     business = enqueue("test.fail", {"raise": "ValidationError"})
