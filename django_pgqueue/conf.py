@@ -61,7 +61,44 @@ DEFAULTS = {
     "LEASE_SECONDS": 60.0,
     # Seconds between polls when no notification arrives (jittered +-10%).
     "POLL_INTERVAL": 5.0,
+    # The queues this project runs workers for. Health checks expect a live
+    # worker for each, status and metrics report each even when empty, and
+    # pgqueue_worker serves them when given no --queues. None: [DEFAULT_QUEUE].
+    "QUEUES": None,
+    # Seconds between a worker's heartbeats (its row in the worker table). A
+    # worker counts as alive until three intervals pass without one.
+    "HEARTBEAT_INTERVAL": 10.0,
+    # Who may read the metrics and health URLs of django_pgqueue.urls:
+    # "open" (anyone), "staff" (a logged-in staff user) or "token" (an
+    # "Authorization: Bearer <ENDPOINT_TOKEN>" header).
+    "METRICS_ACCESS": "staff",
+    "HEALTH_ACCESS": "open",
+    "ENDPOINT_TOKEN": None,
+    # Dead-letter alerts: a JSON POST to this URL (None: no alerts), at most
+    # one per topic and category per ALERT_WINDOW seconds (the next one tells
+    # how many were held back). Sent by a worker as a message of its own
+    # (topic "pgqueue.alert"), so a slow or failing webhook never holds up
+    # other messages; tried 1 + ALERT_WEBHOOK_RETRIES times.
+    "ALERT_WEBHOOK_URL": None,
+    # Extra request headers, e.g. {"Authorization": "Bearer ..."}. Their
+    # values are secrets: never logged, never shown in the admin.
+    "ALERT_WEBHOOK_HEADERS": {},
+    "ALERT_WEBHOOK_TIMEOUT": 5.0,
+    "ALERT_WEBHOOK_RETRIES": 3,
+    "ALERT_WINDOW": 300.0,
+    # Scheme and host the alert's admin link starts with, e.g.
+    # "https://ops.example.com". None: the link is a path only.
+    "ALERT_SITE_URL": None,
 }
+
+ACCESS_CHOICES = ("open", "staff", "token")
+ALERT_TOPIC = "pgqueue.alert"
+
+
+def queues():
+    """The configured queues (PGQUEUE["QUEUES"], or the default queue)."""
+    configured = get("QUEUES")
+    return list(configured) if configured else [get("DEFAULT_QUEUE")]
 
 
 def get(name):
@@ -124,6 +161,59 @@ def _factor(value):
     if isinstance(value, int | float) and not isinstance(value, bool) and 1 <= value < float("inf"):
         return None
     return "must be a number of at least 1"
+
+
+def _non_negative_int(value):
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return None
+    return "must be a whole number of at least 0"
+
+
+def _queues(value):
+    if value is None:
+        return None
+    if not isinstance(value, list | tuple) or not value:
+        return "must be a non-empty list of queue names, or None"
+    for name in value:
+        problem = _queue(name)
+        if problem:
+            return problem
+    if len(set(value)) != len(value):
+        return "names a queue twice"
+    return None
+
+
+def _access(value):
+    if value in ACCESS_CHOICES:
+        return None
+    return "must be one of " + ", ".join(repr(c) for c in ACCESS_CHOICES)
+
+
+def _token(value):
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) < 16:
+        return "must be a string of at least 16 characters, or None"
+    return None
+
+
+def _http_url(value):
+    if value is None:
+        return None
+    if not isinstance(value, str) or not re.match(r"^https?://[^\s/]+", value):
+        return "must be an http:// or https:// URL, or None"
+    return None
+
+
+def _headers(value):
+    if not isinstance(value, dict):
+        return "must be a dict of header names to values"
+    for name, header in value.items():
+        if not isinstance(name, str) or not re.match(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$", name):
+            return f"has an invalid header name {name!r}"
+        if not isinstance(header, str) or "\r" in header or "\n" in header:
+            return f"header {name!r} must have a one-line string value"
+    return None
 
 
 def _classifier(value):
@@ -209,6 +299,17 @@ _VALIDATORS = {
     "CLASSIFIER": _classifier,
     "LEASE_SECONDS": _positive_number,
     "POLL_INTERVAL": _positive_number,
+    "QUEUES": _queues,
+    "HEARTBEAT_INTERVAL": _positive_number,
+    "METRICS_ACCESS": _access,
+    "HEALTH_ACCESS": _access,
+    "ENDPOINT_TOKEN": _token,
+    "ALERT_WEBHOOK_URL": _http_url,
+    "ALERT_WEBHOOK_HEADERS": _headers,
+    "ALERT_WEBHOOK_TIMEOUT": _positive_number,
+    "ALERT_WEBHOOK_RETRIES": _non_negative_int,
+    "ALERT_WINDOW": _positive_number,
+    "ALERT_SITE_URL": _http_url,
 }
 
 
@@ -240,11 +341,26 @@ def validate():
             continue
         problem = _VALIDATORS[key](value)
         if problem:
+            shown = "a hidden value" if key in SECRET_KEYS else repr(value)
             problems.append(
                 (
                     "pgqueue.E003",
-                    f"PGQUEUE[{key!r}] {problem} (got {value!r}).",
+                    f"PGQUEUE[{key!r}] {problem} (got {shown}).",
                     f"Fix or remove PGQUEUE[{key!r}]; its default is {DEFAULTS[key]!r}.",
                 )
             )
+    for key in ("METRICS_ACCESS", "HEALTH_ACCESS"):
+        if user.get(key) == "token" and not user.get("ENDPOINT_TOKEN"):
+            problems.append(
+                (
+                    "pgqueue.E003",
+                    f"PGQUEUE[{key!r}] is 'token' but PGQUEUE['ENDPOINT_TOKEN'] is not set.",
+                    "Set ENDPOINT_TOKEN to a long random string (read it from the "
+                    "environment), or choose 'open' or 'staff'.",
+                )
+            )
     return problems
+
+
+# Settings whose values are secrets: never echoed in check messages or logs.
+SECRET_KEYS = frozenset({"ENDPOINT_TOKEN", "ALERT_WEBHOOK_HEADERS"})

@@ -19,6 +19,7 @@ rescued message, and a rescue never overwrites a finished one.
 """
 
 import datetime
+import json
 import logging
 import uuid
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from django.db.models.functions import Coalesce, Greatest, Now
 from django.utils import timezone
 
 from . import conf, policy, registry
-from .models import Category, DeadLetter, Message, Status
+from .models import Category, DeadLetter, Message, Status, WorkerHeartbeat
 from .signals import dead_lettered
 
 logger = logging.getLogger(__name__)
@@ -45,6 +46,18 @@ SELECT now(),
         SELECT run_at FROM {table} WHERE status = 'waiting' AND queue = q.name
         ORDER BY run_at LIMIT 1) AS head),
     (SELECT min(lease_expires_at) FROM {table} WHERE status = 'processing')
+"""
+
+# A worker's heartbeat: insert or refresh its row. The worker computes how
+# long the row stays "alive" (three heartbeat intervals), so readers need not
+# share its settings. An idle worker sends it as part of its poll (PROBE_SQL
+# behind a WITH), so the heartbeat costs no query of its own.
+HEARTBEAT_SQL = """
+INSERT INTO {table} AS w (worker_id, hostname, pid, queues, concurrency, started_at,
+    heartbeat_at, expires_at, inflight, processed)
+VALUES (%s, %s, %s, %s::jsonb, %s, now(), now(), now() + make_interval(secs => %s), %s, %s)
+ON CONFLICT (worker_id) DO UPDATE SET heartbeat_at = now(), expires_at = EXCLUDED.expires_at,
+    inflight = EXCLUDED.inflight, processed = EXCLUDED.processed
 """
 
 # Acknowledgement: the ORM cannot return the ids a DELETE removed, and
@@ -423,13 +436,60 @@ class Probe:
         return max((self.next_run_at - self.now).total_seconds(), 0.0)
 
 
-def probe(queues):
-    """What an idle worker needs to know, in one query (see PROBE_SQL)."""
+def probe(queues, beat=None):
+    """What an idle worker needs to know, in one query (see PROBE_SQL); with
+    ``beat`` (a Beat), the same statement records the worker's heartbeat."""
     connection = connections[alias()]
     sql = PROBE_SQL.format(table=connection.ops.quote_name(Message._meta.db_table))
+    params = [list(queues)]
+    if beat is not None:
+        sql = f"WITH beat AS ({_heartbeat_sql(connection)}) {sql}"
+        params = [*beat.params(), *params]
     with connection.cursor() as cursor:
-        cursor.execute(sql, [list(queues)])
+        cursor.execute(sql, params)
         return Probe(*cursor.fetchone())
+
+
+@dataclass(frozen=True)
+class Beat:
+    """What a worker's heartbeat records about it."""
+
+    worker_id: str
+    hostname: str
+    pid: int
+    queues: list
+    concurrency: int
+    alive_for: float  # seconds the row counts as alive without another beat
+    inflight: int
+    processed: int
+
+    def params(self):
+        return [
+            self.worker_id,
+            self.hostname,
+            self.pid,
+            json.dumps(list(self.queues)),
+            self.concurrency,
+            self.alive_for,
+            self.inflight,
+            self.processed,
+        ]
+
+
+def _heartbeat_sql(connection):
+    return HEARTBEAT_SQL.format(table=connection.ops.quote_name(WorkerHeartbeat._meta.db_table))
+
+
+def heartbeat(beat):
+    """Record that the worker ``beat`` describes is alive, in one statement."""
+    connection = connections[alias()]
+    with connection.cursor() as cursor:
+        cursor.execute(_heartbeat_sql(connection), beat.params())
+
+
+def unregister(worker_id):
+    """Remove a stopping worker's row: it is gone, not dead."""
+    WorkerHeartbeat.objects.using(alias()).filter(worker_id=worker_id).delete()
 
 
 def _by_token(messages):

@@ -5,12 +5,15 @@ the transaction-scoped advisory lock does the work, the others skip. Each
 duty returns counts; the loop in worker.py only schedules.
 """
 
+import datetime
 import logging
 from dataclasses import dataclass
 
 from django.db import transaction
+from django.db.models.functions import Now
 
 from . import lifecycle
+from .models import WorkerHeartbeat
 
 logger = logging.getLogger(__name__)
 
@@ -19,6 +22,12 @@ logger = logging.getLogger(__name__)
 class MaintenanceResult:
     rescued: int
     rescued_dead_lettered: int
+    workers_pruned: int = 0
+
+
+# A dead worker's row stays this long after its last heartbeat, so status and
+# the admin still show what died; then maintenance deletes it.
+DEAD_WORKER_RETENTION = datetime.timedelta(days=1)
 
 
 def run_once(now=None, rescue_limit=1000):
@@ -30,7 +39,14 @@ def run_once(now=None, rescue_limit=1000):
         if not lifecycle.try_maintenance_lock():
             return None
         rescue = lifecycle.rescue_expired(now=now, limit=rescue_limit)
-    result = MaintenanceResult(rescued=rescue.requeued, rescued_dead_lettered=rescue.dead_lettered)
+        pruned, _ = (
+            WorkerHeartbeat.objects.using(lifecycle.alias())
+            .filter(expires_at__lt=(now or Now()) - DEAD_WORKER_RETENTION)
+            .delete()
+        )
+    result = MaintenanceResult(
+        rescued=rescue.requeued, rescued_dead_lettered=rescue.dead_lettered, workers_pruned=pruned
+    )
     if rescue.requeued or rescue.dead_lettered:
         logger.info(
             "Maintenance: rescued %s message(s) of lost workers, dead-lettered %s",

@@ -170,3 +170,49 @@ class DeadLetter(models.Model):
 
     def __str__(self):
         return f"{self.topic} dead letter #{self.pk}"
+
+
+class WorkerHeartbeat(models.Model):
+    """One row per running worker process, written by its heartbeat.
+
+    A worker counts as alive while ``expires_at`` (its last heartbeat plus
+    three heartbeat intervals, as the worker itself computed it) is in the
+    future. A worker that stops cleanly deletes its row; maintenance deletes
+    rows of dead workers a day after their last heartbeat.
+    """
+
+    worker_id = models.CharField(max_length=255, primary_key=True)
+    hostname = models.CharField(max_length=255)
+    pid = models.IntegerField()
+    queues = models.JSONField(help_text="The queues it serves, in claim order.")
+    concurrency = models.IntegerField()
+    started_at = models.DateTimeField(db_default=Now())
+    heartbeat_at = models.DateTimeField(db_default=Now())
+    expires_at = models.DateTimeField()
+    inflight = models.IntegerField(db_default=0, help_text="Messages its handlers hold.")
+    processed = models.BigIntegerField(db_default=0, help_text="Messages it has finished.")
+
+    class Meta:
+        verbose_name = "worker"
+        indexes = [models.Index(fields=["expires_at"], name="pgqueue_worker_expires_idx")]
+
+    def __str__(self):
+        return self.worker_id
+
+
+class AlertState(models.Model):
+    """Alert suppression, shared by every process: when the last alert for a
+    topic and category went out, and how many were held back since."""
+
+    topic = models.CharField(max_length=conf.TOPIC_MAX_LENGTH)
+    category = models.CharField(max_length=16, choices=Category.choices)
+    last_sent_at = models.DateTimeField()
+    suppressed = models.IntegerField(db_default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["topic", "category"], name="pgqueue_alert_uniq"),
+        ]
+
+    def __str__(self):
+        return f"{self.topic} / {self.category}"

@@ -6,11 +6,12 @@ metrics and health) may call them as often as it likes. Each returns plain
 Python values, sorted, so callers and tests need no ORM.
 """
 
-from django.db.models import Count, Min
+from django.db.models import BooleanField, Case, Count, ExpressionWrapper, Min, Q, Value, When
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from . import conf
-from .models import DeadLetter, Message, Status
+from .models import DeadLetter, Message, Status, WorkerHeartbeat
 
 
 def _alias():
@@ -58,3 +59,63 @@ def oldest_ready_age(now=None):
         .order_by("queue")
     )
     return {row["queue"]: (now - row["oldest"]).total_seconds() for row in rows}
+
+
+# What a message in the queue table is doing, for metrics and status: the
+# waiting status split by whether its time has come.
+READY, DELAYED, PROCESSING = "ready", "delayed", "processing"
+
+
+def messages_by_queue_topic_state(now=None):
+    """``[(queue, topic, state, count), ...]`` of the queue table, with state
+    one of ready (waiting, due), delayed (waiting for its run_at: a delay or a
+    retry's backoff) and processing (leased), sorted."""
+    now = now or timezone.now()
+    state = Case(
+        When(status=Status.PROCESSING, then=Value(PROCESSING)),
+        When(run_at__lte=now, then=Value(READY)),
+        default=Value(DELAYED),
+    )
+    rows = (
+        Message.objects.using(_alias())
+        .annotate(state=state)
+        .values("queue", "topic", "state")
+        .annotate(count=Count("id"))
+        .order_by("queue", "topic", "state")
+    )
+    return [(row["queue"], row["topic"], row["state"], row["count"]) for row in rows]
+
+
+def dead_letters_by_topic_category_state():
+    """``[(topic, category, state, count), ...]`` of the dead letters, sorted."""
+    rows = (
+        DeadLetter.objects.using(_alias())
+        .values("topic", "category", "state")
+        .annotate(count=Count("id"))
+        .order_by("topic", "category", "state")
+    )
+    return [(row["topic"], row["category"], row["state"], row["count"]) for row in rows]
+
+
+def workers():
+    """The worker table's rows, each with ``alive`` (its heartbeat is fresh
+    by the database's clock) and ``heartbeat_age`` (seconds), newest first."""
+    rows = WorkerHeartbeat.objects.using(_alias()).annotate(
+        alive=ExpressionWrapper(Q(expires_at__gt=Now()), output_field=BooleanField()),
+        now=Now(),
+    )
+    result = list(rows.order_by("-heartbeat_at", "worker_id"))
+    for row in result:
+        row.heartbeat_age = max((row.now - row.heartbeat_at).total_seconds(), 0.0)
+    return result
+
+
+def live_workers_by_queue():
+    """``{queue: number of alive workers serving it}``; queues no alive worker
+    serves are absent."""
+    counts = {}
+    for row in workers():
+        if row.alive:
+            for queue in row.queues:
+                counts[queue] = counts.get(queue, 0) + 1
+    return counts

@@ -8,7 +8,9 @@ Threads of one worker process:
 - the listener holds a dedicated psycopg connection (never one of Django's
   pooled connections, which would carry the LISTEN to their next user) and
   wakes the loop when a NOTIFY names one of its queues;
-- the heartbeat extends the leases of in-flight messages and runs
+- the heartbeat extends the leases of in-flight messages, records the
+  worker's liveness in the worker table (an idle worker does that in its
+  poll instead, so idling costs one query per poll interval) and runs
   maintenance (rescue of crashed workers' messages);
 - ``concurrency`` handler threads, each with its own database connection.
 
@@ -36,6 +38,7 @@ from django.db import DatabaseError, connections, transaction
 
 from . import conf, lifecycle, maintenance, policy, registry
 from .exceptions import HandlerTimeout, Retry
+from .metrics import DEAD_LETTERED, RETRIED, NullMetrics
 from .models import Category
 from .notify import CHANNEL
 from .signals import message_done, message_retried
@@ -82,8 +85,9 @@ class Worker:
         poll_interval=None,
         lease_seconds=None,
         worker_id=None,
+        metrics=None,
     ):
-        self.queues = list(queues or [conf.get("DEFAULT_QUEUE")])
+        self.queues = list(queues or conf.queues())
         self.concurrency = concurrency
         self.batch_size = batch_size or max(concurrency, 1)
         self.burst = burst
@@ -92,7 +96,10 @@ class Worker:
         self.poll_interval = poll_interval or conf.get("POLL_INTERVAL")
         self.lease_seconds = lease_seconds or conf.get("LEASE_SECONDS")
         self.listen = conf.get("NOTIFY")
-        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.heartbeat_interval = conf.get("HEARTBEAT_INTERVAL")
+        self.hostname = socket.gethostname()
+        self.worker_id = worker_id or f"{self.hostname}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.metrics = metrics or NullMetrics()
         self.claimed = 0
         self.processed = 0  # acknowledged, retried or dead-lettered by this worker
 
@@ -107,6 +114,11 @@ class Worker:
         self._unacked = {}  # message id -> _Job done, acknowledgement not yet flushed
         self._pool = None
         self._threads = []
+        self._last_beat = None  # time.monotonic() of the last recorded heartbeat
+        # For health checks: when the main loop last went round, and the
+        # database error it is recovering from, if any.
+        self._loop_seen = time.monotonic()
+        self.loop_error = None
 
     # --- public ---------------------------------------------------------------
 
@@ -126,6 +138,7 @@ class Worker:
             self.lease_seconds,
         )
         self._pool = _HandlerPool(self.concurrency, self._run_job)
+        self.metrics.track_inflight(self._inflight_count)
         self._start_thread(self._heartbeat_loop, "pgqueue-heartbeat")
         if self.listen:
             self._start_thread(self._listen_loop, "pgqueue-listener")
@@ -144,6 +157,24 @@ class Worker:
         self._stopping.set()
         self._wake.set()
 
+    def health(self):
+        """``(healthy, details)`` for the --health-port: healthy while the main
+        loop goes round (it wakes at least once per poll interval) and its
+        last database work succeeded."""
+        loop_age = time.monotonic() - self._loop_seen
+        loop_alive = not self._stopping.is_set() and loop_age < self.poll_interval * 2 + 5
+        details = {
+            "worker_id": self.worker_id,
+            "queues": self.queues,
+            "loop_alive": loop_alive,
+            "loop_age_seconds": round(loop_age, 3),
+            "inflight": self._inflight_count(),
+            "processed": self.processed,
+        }
+        if self.loop_error:
+            details["loop_error"] = self.loop_error
+        return loop_alive and not self.loop_error, details
+
     # --- the loop -------------------------------------------------------------
 
     def _loop(self):
@@ -153,6 +184,7 @@ class Worker:
         next_poll = time.monotonic() + self._poll_delay()
         db_delay = RECONNECT_DELAY
         while not self._stopping.is_set():
+            self._loop_seen = time.monotonic()
             try:
                 self._flush_acks()
                 self._expire_timeouts()
@@ -166,7 +198,10 @@ class Worker:
                     probe = probe or got < asked
                 if probe:
                     probe = False
-                    found = lifecycle.probe(self.queues)
+                    beat = self._beat() if self._beat_due(1.0) else None
+                    found = lifecycle.probe(self.queues, beat)
+                    if beat is not None:
+                        self._last_beat = time.monotonic()
                     if found.lease_expired:  # a worker died: rescue now
                         self._maintenance_wanted = True
                         self._heartbeat_wake.set()
@@ -177,12 +212,15 @@ class Worker:
                     until_due = found.seconds_until_due()
                     due_at = None if until_due is None else time.monotonic() + until_due
                 db_delay = RECONNECT_DELAY
+                self.loop_error = None
             except DatabaseError as exc:
                 _drop_broken_connections()
+                self.loop_error = _first_line(exc)
+                self.metrics.reconnected("loop")
                 logger.warning(
                     "Worker %s: database error (%s); retrying in %.1fs",
                     self.worker_id,
-                    str(exc).strip().splitlines()[0] if str(exc) else exc,
+                    self.loop_error,
                     db_delay,
                 )
                 self._stopping.wait(db_delay * random.uniform(0.8, 1.2))
@@ -211,7 +249,9 @@ class Worker:
         asked = min(self._free_slots(), self.batch_size)
         if self.max_messages is not None:
             asked = min(asked, self.max_messages - self.claimed)
+        started = time.perf_counter()
         messages = lifecycle.claim(self.queues, asked, self.worker_id, self.lease_seconds)
+        self.metrics.claimed(len(messages), time.perf_counter() - started)
         self.claimed += len(messages)
         for message in messages:
             job = _Job(message=message, spec=registry.lookup(message.topic))
@@ -219,6 +259,10 @@ class Worker:
                 self._inflight[message.pk] = job
             self._pool.submit(job)
         return asked, len(messages)
+
+    def _inflight_count(self):
+        with self._lock:
+            return len(self._inflight)
 
     def _free_slots(self):
         with self._lock:
@@ -247,6 +291,7 @@ class Worker:
         if spec is not None and spec.timeout is not None:
             job.deadline = job.started + spec.timeout
         job.thread = threading.get_ident()
+        self.metrics.started(message)
         try:
             if spec is None:
                 outcome = self._record_failure(
@@ -295,6 +340,7 @@ class Worker:
         self._wake.set()
 
     def _log_done(self, message, duration):
+        self.metrics.finished(message, DONE, duration)  # the outcome label, "done"
         logger.info(
             "Message id=%s topic=%s attempt=%s done in %.3fs",
             message.pk,
@@ -316,6 +362,7 @@ class Worker:
     def _record_failure(self, job, exc, category=None):
         """Retry or dead-letter ``job``'s message after ``exc``; returns FAILED or LOST."""
         message, spec = job.message, job.spec
+        duration = None if job.started is None else time.monotonic() - job.started
         try:
             if category is None:
                 category = policy.classify(exc, message)
@@ -337,6 +384,7 @@ class Worker:
                     message, decision.delay, category, f"{reason}\n\n{trace}".strip()
                 ):
                     return LOST
+                self.metrics.finished(message, RETRIED, duration)
                 logger.info(
                     "Message id=%s topic=%s attempt=%s failed (%s: %s); retry in %.1fs",
                     message.pk,
@@ -366,6 +414,8 @@ class Worker:
                 is None
             ):
                 return LOST
+            else:
+                self.metrics.finished(message, DEAD_LETTERED, duration)
         except DatabaseError:
             _drop_broken_connections()
             logger.exception(
@@ -423,10 +473,17 @@ class Worker:
         """Extend leases while handlers run; run maintenance on a schedule while
         busy, and at once when an idle poll saw an expired lease. An idle
         worker so issues no query here: its poll is its only one."""
-        tick = maintenance_every = min(self.lease_seconds / 4, 15.0)
+        maintenance_every = min(self.lease_seconds / 4, 15.0)
+        tick = min(maintenance_every, self.heartbeat_interval / 2)
         next_maintenance = time.monotonic()
         while not self._exit.is_set():
             try:
+                # An idle worker's poll carries its heartbeat (when due); this
+                # thread writes one only when the polls did not, because the
+                # worker is busy or polls less often than it beats.
+                if self._beat_due(1.5):
+                    lifecycle.heartbeat(self._beat())
+                    self._last_beat = time.monotonic()
                 busy = self._busy()
                 if self._maintenance_wanted or (busy and time.monotonic() >= next_maintenance):
                     self._maintenance_wanted = False
@@ -436,10 +493,31 @@ class Worker:
                     self._extend_leases()
             except DatabaseError as exc:
                 _drop_broken_connections()
+                self.metrics.reconnected("heartbeat")
                 logger.warning("Worker %s heartbeat: database error (%s)", self.worker_id, exc)
             self._heartbeat_wake.wait(tick)
             self._heartbeat_wake.clear()
         connections.close_all()
+
+    def _beat_due(self, factor):
+        """Whether ``factor`` heartbeat intervals passed since the last beat."""
+        last = self._last_beat
+        return last is None or time.monotonic() - last >= self.heartbeat_interval * factor
+
+    def _beat(self):
+        with self._lock:
+            inflight = len(self._inflight)
+            processed = self.processed
+        return lifecycle.Beat(
+            worker_id=self.worker_id,
+            hostname=self.hostname,
+            pid=os.getpid(),
+            queues=self.queues,
+            concurrency=self.concurrency,
+            alive_for=self.heartbeat_interval * 3,
+            inflight=inflight,
+            processed=processed,
+        )
 
     def _extend_leases(self):
         with self._lock:
@@ -479,6 +557,7 @@ class Worker:
             except psycopg.Error as exc:
                 if self._exit.is_set():
                     break
+                self.metrics.reconnected("listener")
                 logger.warning(
                     "Worker %s listener: %s; reconnecting in %.1fs",
                     self.worker_id,
@@ -556,6 +635,14 @@ class Worker:
             self._pool.shutdown()
         for thread in self._threads:
             thread.join(timeout=5)
+        try:
+            lifecycle.unregister(self.worker_id)
+        except DatabaseError:
+            logger.warning(
+                "Worker %s: could not remove its row from the worker table; "
+                "it shows as dead once its heartbeat is stale",
+                self.worker_id,
+            )
         connections.close_all()
 
 
@@ -631,6 +718,11 @@ def _call(spec, message):
         # connection, inside the handler's transaction.
         return async_to_sync(spec.func)(message)
     return spec.func(message)
+
+
+def _first_line(exc):
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _reason(exc):

@@ -4,6 +4,8 @@ Everything runs against the real PostgreSQL of DATABASE_URL: pytest-django
 creates the test databases (test_<name>) for both aliases and migrates them.
 """
 
+import contextlib
+import threading
 import time
 
 import psycopg
@@ -136,7 +138,8 @@ def database_url(alias):
 class WorkerProcess:
     """A real ``manage.py pgqueue_worker`` process on the test database."""
 
-    def __init__(self, args, log_path):
+    def __init__(self, args, log_path, pgqueue=None):
+        import json
         import os
         import subprocess
         import sys
@@ -146,6 +149,8 @@ class WorkerProcess:
             "DATABASE_URL": database_url("default"),
             "OTHER_DATABASE_URL": database_url("other"),
             "PYTHONUNBUFFERED": "1",
+            # The worker's PGQUEUE setting (testproject/settings.py reads it).
+            "PGQUEUE_JSON": json.dumps(pgqueue or {}),
         }
         self.log_path = log_path
         self._log = open(log_path, "w")  # noqa: SIM115  (closed in stop())
@@ -178,8 +183,8 @@ def start_worker(transactional_db, tmp_path):
     """Start worker processes; every one still alive at teardown is killed."""
     started = []
 
-    def start(*args):
-        worker = WorkerProcess(args, tmp_path / f"worker-{len(started)}.log")
+    def start(*args, pgqueue=None):
+        worker = WorkerProcess(args, tmp_path / f"worker-{len(started)}.log", pgqueue=pgqueue)
         started.append(worker)
         return worker
 
@@ -227,3 +232,28 @@ class InvariantChecker:
         assert not self.violations, (
             f"messages in none or two of queue/done/dead-letter: {self.violations[:3]}"
         )
+
+
+@contextlib.contextmanager
+def running_worker(**options):
+    """A Worker running in a thread of this process until the block ends."""
+    from django_pgqueue.worker import Worker
+
+    worker = Worker(**options)
+    errors = []
+
+    def run():
+        try:
+            worker.run()
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, name="test-worker")
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "the worker did not stop"
+        assert not errors, f"the worker crashed: {errors!r}"

@@ -56,6 +56,21 @@ def test_unknown_key_suggests_the_close_one():
         ({"CLASSIFIER": "no.such.func"}, "PGQUEUE['CLASSIFIER'] cannot be imported"),
         ({"CLASSIFIER": "os.sep"}, "does not name a callable"),
         ({"CLASSIFY_RULES": [{"category": "transient"}]}, "rule 0: a rule needs at least one"),
+        ({"QUEUES": []}, "must be a non-empty list of queue names"),
+        ({"QUEUES": "default"}, "must be a non-empty list of queue names"),
+        ({"QUEUES": ["default", "a b"]}, "may contain only letters"),
+        ({"QUEUES": ["a", "a"]}, "names a queue twice"),
+        ({"HEARTBEAT_INTERVAL": 0}, "must be a number of seconds greater than 0"),
+        ({"METRICS_ACCESS": "public"}, "must be one of 'open', 'staff', 'token'"),
+        ({"HEALTH_ACCESS": None}, "must be one of 'open', 'staff', 'token'"),
+        ({"ALERT_WEBHOOK_URL": "ftp://x"}, "must be an http:// or https:// URL, or None"),
+        ({"ALERT_SITE_URL": "ops.example.com"}, "must be an http:// or https:// URL"),
+        ({"ALERT_WEBHOOK_HEADERS": ["X-Token"]}, "must be a dict of header names to values"),
+        ({"ALERT_WEBHOOK_HEADERS": {"X Token": "v"}}, "has an invalid header name 'X Token'"),
+        ({"ALERT_WEBHOOK_HEADERS": {"X-Token": "a\r\nb"}}, "must have a one-line string value"),
+        ({"ALERT_WEBHOOK_TIMEOUT": 0}, "must be a number of seconds greater than 0"),
+        ({"ALERT_WEBHOOK_RETRIES": -1}, "must be a whole number of at least 0"),
+        ({"ALERT_WINDOW": "5m"}, "must be a number of seconds greater than 0"),
     ],
 )
 def test_wrong_values_say_how_to_fix_them(setting, words):
@@ -64,6 +79,31 @@ def test_wrong_values_say_how_to_fix_them(setting, words):
     assert error.id == "pgqueue.E003"
     assert words in error.msg
     assert "its default is" in error.hint
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"ENDPOINT_TOKEN": "short-secret"},
+        {"ALERT_WEBHOOK_HEADERS": {"Authorization": "Bearer very-secret\n"}},
+    ],
+)
+def test_secret_settings_are_never_echoed(setting):
+    with override_settings(PGQUEUE=setting):
+        [error] = run_checks()
+    assert error.id == "pgqueue.E003"
+    assert "secret" not in error.msg + error.hint
+    assert "(got a hidden value)" in error.msg
+
+
+@pytest.mark.parametrize("key", ["METRICS_ACCESS", "HEALTH_ACCESS"])
+def test_token_access_needs_a_token(key):
+    with override_settings(PGQUEUE={key: "token"}):
+        [error] = run_checks()
+    assert error.id == "pgqueue.E003"
+    assert f"PGQUEUE['{key}'] is 'token' but PGQUEUE['ENDPOINT_TOKEN'] is not set" in error.msg
+    with override_settings(PGQUEUE={key: "token", "ENDPOINT_TOKEN": "x" * 32}):
+        assert run_checks() == []
 
 
 def test_queue_database_must_be_postgresql(settings, monkeypatch):

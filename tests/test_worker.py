@@ -2,7 +2,6 @@
 app (testproject/demo/handlers.py), real threads and connections."""
 
 import collections
-import contextlib
 import threading
 import time
 
@@ -15,32 +14,9 @@ from django_pgqueue import enqueue, enqueue_many, handler, registry
 from django_pgqueue.models import DeadLetter, Message, Status
 from django_pgqueue.worker import Worker
 
-from .conftest import raw_connection, wait_until
+from .conftest import raw_connection, running_worker, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@contextlib.contextmanager
-def running_worker(**options):
-    """A Worker running in a thread of this process until the block ends."""
-    worker = Worker(**options)
-    errors = []
-
-    def run():
-        try:
-            worker.run()
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
-
-    thread = threading.Thread(target=run, name="test-worker")
-    thread.start()
-    try:
-        yield worker
-    finally:
-        worker.stop()
-        thread.join(timeout=30)
-        assert not thread.is_alive(), "the worker did not stop"
-        assert not errors, f"the worker crashed: {errors!r}"
 
 
 def handled_ids():
@@ -114,7 +90,8 @@ def broken_classifier(exc, message):
 @override_settings(PGQUEUE={"CLASSIFIER": broken_classifier})
 def test_a_broken_classifier_loses_nothing_the_failure_counts_as_unknown():
     message = enqueue("test.fail", {"raise": "ValueError", "times": 5})
-    Worker(concurrency=1, burst=True).run()
+    # One attempt only: the retry is due within milliseconds (backoff 0.05s).
+    Worker(concurrency=1, burst=True, max_messages=1).run()
     row = Message.objects.get(pk=message.pk)
     assert (row.status, row.attempts, row.last_error_category) == ("waiting", 1, "unknown")
     assert not DeadLetter.objects.exists()

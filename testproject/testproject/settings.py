@@ -72,7 +72,9 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 
-PGQUEUE = {}
+# Tests start worker processes with settings of their own through this
+# variable (a JSON object), e.g. PGQUEUE_JSON='{"HEARTBEAT_INTERVAL": 0.5}'.
+PGQUEUE = env.json("PGQUEUE_JSON", default={})
 
 LOGGING = {
     "version": 1,

@@ -6,11 +6,14 @@ import logging
 import os
 import sys
 
-from django.core.management.base import BaseCommand
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
 from django_pgqueue import conf
+from django_pgqueue.health import WorkerHealthServer
 from django_pgqueue.management.options import positive_int
+from django_pgqueue.metrics import WorkerMetrics
 from django_pgqueue.worker import Worker
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -43,6 +46,18 @@ def queue_list(text):
     return queues
 
 
+def port(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"must be a port from 0 to 65535 (0: any free one), not {text}"
+        )
+    return value
+
+
 def log_level(text):
     if text.upper() not in LOG_LEVELS:
         raise argparse.ArgumentTypeError(f"must be one of {', '.join(LOG_LEVELS)}")
@@ -57,7 +72,8 @@ class Command(BaseCommand):
             "--queues",
             type=queue_list,
             default=None,
-            help="comma-separated queues to work on (default: PGQUEUE['DEFAULT_QUEUE'])",
+            help="comma-separated queues to work on, in claim order "
+            "(default: PGQUEUE['QUEUES'], else PGQUEUE['DEFAULT_QUEUE'])",
         )
         parser.add_argument(
             "--concurrency",
@@ -98,6 +114,25 @@ class Command(BaseCommand):
             help="lease (visibility timeout) in seconds (default: PGQUEUE['LEASE_SECONDS'])",
         )
         parser.add_argument(
+            "--metrics-port",
+            type=port,
+            default=None,
+            help="serve this worker's Prometheus metrics on this port "
+            "(needs the [prometheus] extra; 0: any free port, logged)",
+        )
+        parser.add_argument(
+            "--health-port",
+            type=port,
+            default=None,
+            help="answer GET / with 200 while this worker's loop and database connection "
+            "work, else 503 (0: any free port, logged)",
+        )
+        parser.add_argument(
+            "--http-host",
+            default="0.0.0.0",
+            help="address the metrics and health ports listen on (default: 0.0.0.0)",
+        )
+        parser.add_argument(
             "--log-level",
             type=log_level,
             default="INFO",
@@ -106,6 +141,12 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         self._configure_logging(options["log_level"])
+        metrics = None
+        if options["metrics_port"] is not None:
+            try:
+                metrics = WorkerMetrics()
+            except ImproperlyConfigured as exc:
+                raise CommandError(f"--metrics-port: {exc}") from None
         _name_connections(f"pgqueue_worker#{os.getpid()}")
         worker = Worker(
             queues=options["queues"],
@@ -116,8 +157,33 @@ class Command(BaseCommand):
             shutdown_timeout=options["shutdown_timeout"],
             poll_interval=options["poll_interval"],
             lease_seconds=options["lease"],
+            metrics=metrics,
         )
-        worker.run(install_signals=True)
+        servers = []
+        try:
+            host = options["http_host"]
+            if metrics is not None:
+                bound = _listen(
+                    "--metrics-port", lambda: metrics.serve(options["metrics_port"], host)
+                )
+                servers.append(metrics)
+                worker_log.info(
+                    "Worker %s: metrics on http://%s:%s/", worker.worker_id, host, bound
+                )
+            if options["health_port"] is not None:
+                health = _listen(
+                    "--health-port",
+                    lambda: WorkerHealthServer(worker, options["health_port"], host),
+                )
+                servers.append(health)
+                health.start()
+                worker_log.info(
+                    "Worker %s: health on http://%s:%s/", worker.worker_id, host, health.port
+                )
+            worker.run(install_signals=True)
+        finally:
+            for server in servers:
+                server.close()
 
     def _configure_logging(self, level):
         logger = logging.getLogger("django_pgqueue")
@@ -128,6 +194,18 @@ class Command(BaseCommand):
                 logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s")
             )
             logger.addHandler(handler)
+
+
+worker_log = logging.getLogger("django_pgqueue.worker")
+
+
+def _listen(option, bind):
+    """Run ``bind`` (which opens a listening socket); a port that cannot be
+    used is a clear command error, not a traceback."""
+    try:
+        return bind()
+    except OSError as exc:
+        raise CommandError(f"{option}: cannot listen ({exc.strerror or exc})") from None
 
 
 def _name_connections(application_name):

@@ -1,0 +1,143 @@
+"""Health checks: one for the system (the web endpoint in
+``django_pgqueue.urls``) and one for a single worker process (its
+``--health-port``).
+
+- System: the queue database answers, and every configured queue
+  (``PGQUEUE["QUEUES"]``) has at least one worker with a fresh heartbeat.
+  For a load balancer or an uptime monitor: "is anything consuming?".
+- Worker: its main loop goes round and its database connection works. For
+  an orchestrator's liveness probe: "should this process be restarted?".
+
+Both answer 200 or 503 with a JSON body that says why. Database error texts
+(host names, ports) are logged, not served: the body says what failed.
+"""
+
+import json
+import logging
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+from django.db import DatabaseError, connections
+
+from . import conf, stats
+
+logger = logging.getLogger(__name__)
+
+
+def _database_works():
+    """Run ``SELECT 1`` on this thread's connection to the queue database;
+    a broken connection is closed so the next check reconnects."""
+    connection = connections[conf.get("DATABASE")]
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        return True
+    except DatabaseError as exc:
+        logger.warning("Health check: the queue database does not answer: %s", exc)
+        connection.close()
+        return False
+
+
+def system_health():
+    """``(healthy, body)``: the database answers and each configured queue has
+    a live worker."""
+    queues = conf.queues()
+    if not _database_works():
+        return False, {
+            "status": "unhealthy",
+            "database": "unreachable",
+            "queues": {},
+            "problems": ["the queue database does not answer"],
+        }
+    try:
+        live = stats.live_workers_by_queue()
+    except DatabaseError as exc:
+        logger.warning("Health check: the worker table cannot be read: %s", exc)
+        return False, {
+            "status": "unhealthy",
+            "database": "error",
+            "queues": {},
+            "problems": ["the worker table cannot be read (has migrate run?)"],
+        }
+    problems = [
+        f"no worker with a fresh heartbeat serves queue {queue!r}"
+        for queue in queues
+        if not live.get(queue)
+    ]
+    body = {
+        "status": "unhealthy" if problems else "ok",
+        "database": "ok",
+        "queues": {queue: {"workers_alive": live.get(queue, 0)} for queue in queues},
+        "problems": problems,
+    }
+    return not problems, body
+
+
+class WorkerHealthServer:
+    """A worker's ``--health-port``: ``GET /`` (or ``/health``, ``/healthz``)
+    answers 200 while ``worker.health()`` is good and a ``SELECT 1`` on the
+    server's own connection works, else 503. One thread serves requests one
+    at a time, so it keeps one database connection."""
+
+    PATHS = ("/", "/health", "/healthz")
+
+    def __init__(self, worker, port, host="0.0.0.0"):
+        self.worker = worker
+        self._server = HTTPServer((host, port), self._handler_class())
+        self._thread = threading.Thread(target=self._serve, name="pgqueue-health", daemon=True)
+
+    @property
+    def port(self):
+        return self._server.server_port
+
+    def start(self):
+        self._thread.start()
+        return self.port
+
+    def close(self):
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    def check(self):
+        healthy, details = self.worker.health()
+        database = _database_works()
+        details["database"] = "ok" if database else "unreachable"
+        healthy = healthy and database
+        details["status"] = "ok" if healthy else "unhealthy"
+        return healthy, details
+
+    def _serve(self):
+        try:
+            self._server.serve_forever(poll_interval=0.25)
+        finally:
+            connections.close_all()
+
+    def _handler_class(self):
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802  (the http.server API)
+                if self.path.split("?", 1)[0] not in server.PATHS:
+                    self._answer(404, {"status": "not found", "paths": list(server.PATHS)})
+                    return
+                try:
+                    healthy, details = server.check()
+                except Exception:  # a health check never kills the worker
+                    logger.exception("Worker health check failed")
+                    healthy, details = False, {"status": "unhealthy", "error": "check failed"}
+                self._answer(200 if healthy else 503, details)
+
+            def _answer(self, status, body):
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.send_header("Cache-Control", "no-store")
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format, *args):  # noqa: A002  (the http.server API)
+                logger.debug("Health request: " + format, *args)
+
+        return Handler

@@ -1,0 +1,278 @@
+"""Health: the web endpoint (database reachable, a live worker per configured
+queue), the worker's --health-port, and the heartbeats both rest on."""
+
+import collections
+import datetime
+import json
+import signal
+import threading
+import time
+import urllib.request
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import connections
+from django.db.backends import utils as backend_utils
+from django.test import override_settings
+from django.utils import timezone
+
+from django_pgqueue import lifecycle, maintenance
+from django_pgqueue.health import WorkerHealthServer
+from django_pgqueue.models import WorkerHeartbeat
+
+from .conftest import raw_connection, running_worker, wait_until
+from .test_metrics import TOKEN, http_get, worker_port
+
+
+def beat(worker_id="w1", queues=("default",), alive_for=30.0, **fields):
+    lifecycle.heartbeat(
+        lifecycle.Beat(
+            worker_id=worker_id,
+            hostname="host",
+            pid=1,
+            queues=list(queues),
+            concurrency=4,
+            alive_for=alive_for,
+            inflight=fields.get("inflight", 0),
+            processed=fields.get("processed", 0),
+        )
+    )
+
+
+def health(client, **headers):
+    response = client.get("/pgqueue/health", headers=headers)
+    body = json.loads(response.content) if response["Content-Type"] == "application/json" else None
+    return response.status_code, body
+
+
+# --- the web endpoint -----------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_no_live_worker_is_503_with_the_reason(client):
+    status, body = health(client)
+    assert status == 503
+    assert body == {
+        "status": "unhealthy",
+        "database": "ok",
+        "queues": {"default": {"workers_alive": 0}},
+        "problems": ["no worker with a fresh heartbeat serves queue 'default'"],
+    }
+
+
+@pytest.mark.django_db
+def test_a_fresh_heartbeat_for_each_configured_queue_is_200(client):
+    beat("w1", queues=["default"])
+    assert health(client) == (
+        200,
+        {
+            "status": "ok",
+            "database": "ok",
+            "queues": {"default": {"workers_alive": 1}},
+            "problems": [],
+        },
+    )
+    with override_settings(PGQUEUE={"QUEUES": ["default", "mail"]}):
+        status, body = health(client)
+        assert (status, body["problems"]) == (
+            503,
+            ["no worker with a fresh heartbeat serves queue 'mail'"],
+        )
+        beat("w2", queues=["mail", "default"])
+        status, body = health(client)
+    assert (status, body["queues"]) == (
+        200,
+        {"default": {"workers_alive": 2}, "mail": {"workers_alive": 1}},
+    )
+
+
+@pytest.mark.django_db
+def test_a_stale_heartbeat_does_not_count(client):
+    beat("w1", alive_for=0.001)
+    time.sleep(0.01)
+    assert health(client)[0] == 503
+    beat("w1", alive_for=30)  # the same worker beats again
+    assert health(client)[0] == 200
+    assert WorkerHeartbeat.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+def test_an_unreachable_database_is_503_without_its_error_text(client):
+    other = connections["other"]
+    port = other.settings_dict["PORT"]
+    other.close()
+    other.settings_dict["PORT"] = 1
+    try:
+        with override_settings(PGQUEUE={"DATABASE": "other"}):
+            status, body = health(client)
+    finally:
+        other.close()
+        other.settings_dict["PORT"] = port
+    assert (status, body["database"]) == (503, "unreachable")
+    assert body["problems"] == ["the queue database does not answer"]
+    assert "127.0.0.1" not in json.dumps(body) and "port" not in json.dumps(body)
+
+
+@pytest.mark.django_db
+def test_health_access_can_be_staff_or_token(client):
+    beat()
+    with override_settings(PGQUEUE={"HEALTH_ACCESS": "staff"}):
+        assert health(client)[0] == 403
+    with override_settings(PGQUEUE={"HEALTH_ACCESS": "token", "ENDPOINT_TOKEN": TOKEN}):
+        assert health(client)[0] == 401
+        assert health(client, Authorization=f"Bearer {TOKEN}")[0] == 200
+    client.force_login(User.objects.create_user("operator", is_staff=True))
+    with override_settings(PGQUEUE={"HEALTH_ACCESS": "staff"}):
+        assert health(client)[0] == 200
+
+
+# --- heartbeats -----------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_running_worker_beats_and_removes_its_row_when_it_stops():
+    with (
+        override_settings(PGQUEUE={"HEARTBEAT_INTERVAL": 0.2}),
+        running_worker(concurrency=3, poll_interval=0.1, queues=["default", "mail"]) as worker,
+    ):
+        row = wait_until(
+            lambda: WorkerHeartbeat.objects.filter(worker_id=worker.worker_id).first(),
+            message="the worker's row",
+        )
+        assert (row.queues, row.concurrency, row.inflight) == (["default", "mail"], 3, 0)
+        assert row.expires_at > row.heartbeat_at
+        first = row.heartbeat_at
+        wait_until(
+            lambda: WorkerHeartbeat.objects.get(worker_id=worker.worker_id).heartbeat_at > first,
+            message="a second heartbeat",
+        )
+    assert not WorkerHeartbeat.objects.exists(), "a stopped worker is gone, not dead"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_idle_worker_beats_inside_its_poll_without_extra_queries(monkeypatch):
+    queries = collections.Counter()
+    original = backend_utils.CursorWrapper._execute
+
+    def counting(self, sql, params, *ignore):
+        queries[threading.current_thread().name] += 1
+        return original(self, sql, params, *ignore)
+
+    with (
+        override_settings(PGQUEUE={"HEARTBEAT_INTERVAL": 0.5}),
+        running_worker(concurrency=2, poll_interval=0.25) as worker,
+    ):
+        time.sleep(0.5)
+        before = WorkerHeartbeat.objects.get(worker_id=worker.worker_id).heartbeat_at
+        monkeypatch.setattr(backend_utils.CursorWrapper, "_execute", counting)
+        time.sleep(2.5)
+        monkeypatch.undo()
+        after = WorkerHeartbeat.objects.get(worker_id=worker.worker_id).heartbeat_at
+    assert (after - before).total_seconds() >= 1.5, "the heartbeat stopped"
+    polls = 2.5 / (0.25 * 0.9)
+    assert sum(queries.values()) <= polls + 1, f"idle worker queries: {dict(queries)}"
+    assert set(queries) <= {"test-worker"}, f"only the loop's poll may query: {dict(queries)}"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_busy_worker_beats_from_its_heartbeat_thread():
+    from django_pgqueue import enqueue
+
+    enqueue("test.sleep", {"seconds": 2})
+    with (
+        override_settings(PGQUEUE={"HEARTBEAT_INTERVAL": 0.2}),
+        running_worker(concurrency=1, poll_interval=60) as worker,
+    ):
+        wait_until(
+            lambda: WorkerHeartbeat.objects.filter(worker_id=worker.worker_id, inflight=1).exists(),
+            message="a heartbeat that shows the message in flight",
+        )
+        first = WorkerHeartbeat.objects.get(worker_id=worker.worker_id).heartbeat_at
+        wait_until(
+            lambda: WorkerHeartbeat.objects.get(worker_id=worker.worker_id).heartbeat_at > first,
+            message="a heartbeat while the handler runs and no poll happens",
+        )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_maintenance_deletes_dead_workers_rows_after_a_day():
+    beat("alive")
+    beat("dead-recently", alive_for=0.001)
+    beat("dead-long-ago", alive_for=0.001)
+    WorkerHeartbeat.objects.filter(worker_id="dead-long-ago").update(
+        expires_at=timezone.now() - datetime.timedelta(days=1, minutes=1)
+    )
+    result = maintenance.run_once()
+    assert result.workers_pruned == 1
+    assert set(WorkerHeartbeat.objects.values_list("worker_id", flat=True)) == {
+        "alive",
+        "dead-recently",
+    }
+
+
+# --- real worker processes ----------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_health_goes_503_when_the_worker_is_stopped_or_killed(start_worker, client):
+    settings = {"HEARTBEAT_INTERVAL": 0.3}
+    args = ("--poll-interval", "0.2", "--health-port", "0", "--http-host", "127.0.0.1")
+    worker = start_worker(*args, pgqueue=settings)
+    wait_until(lambda: health(client)[0] == 200, timeout=20, message="a healthy system")
+    port = worker_port(worker, "health")
+    status, body = http_get(f"http://127.0.0.1:{port}/health")
+    assert status == 200, body
+    body = json.loads(body)
+    assert (body["status"], body["database"], body["loop_alive"]) == ("ok", "ok", True)
+    assert http_get(f"http://127.0.0.1:{port}/nope")[0] == 404
+
+    worker.signal(signal.SIGTERM)  # stops cleanly: its row goes at once
+    assert worker.wait(timeout=20) == 0
+    status, body = health(client)
+    assert (status, body["queues"]) == (503, {"default": {"workers_alive": 0}})
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2)
+
+    worker = start_worker(*args, pgqueue=settings)
+    wait_until(lambda: health(client)[0] == 200, timeout=20, message="the new worker")
+    worker.signal(signal.SIGKILL)  # dies: its row stays, and goes stale
+    worker.wait(timeout=10)
+    killed_at = time.monotonic()
+    wait_until(lambda: health(client)[0] == 503, timeout=5, message="the heartbeat to go stale")
+    assert time.monotonic() - killed_at <= 3 * 0.3 + 1
+    assert WorkerHeartbeat.objects.filter(pid=worker.pid).exists(), "kept to show what died"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_health_port_fails_while_its_database_is_unreachable():
+    """Every connection of the test database is cut and new ones are pointed
+    at a closed port: the worker's health goes 503; once the database is back
+    it returns to 200 by itself."""
+    default = connections["default"]
+    with running_worker(concurrency=1, poll_interval=0.1) as worker:
+        server = WorkerHealthServer(worker, 0, "127.0.0.1")
+        server.start()
+        url = f"http://127.0.0.1:{server.port}/"
+        try:
+            wait_until(lambda: http_get(url)[0] == 200, message="a healthy worker")
+            port = default.settings_dict["PORT"]
+            admin = raw_connection(autocommit=True)
+            default.settings_dict["PORT"] = 1
+            try:
+                with admin:
+                    admin.execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    )
+                status, body = wait_until(
+                    lambda: (lambda got: got if got[0] == 503 else None)(http_get(url)),
+                    message="the health port to notice",
+                )
+                body = json.loads(body)
+                assert (body["status"], body["database"]) == ("unhealthy", "unreachable")
+            finally:
+                default.settings_dict["PORT"] = port
+            wait_until(lambda: http_get(url)[0] == 200, timeout=20, message="recovery")
+        finally:
+            server.close()
+        default.close()
