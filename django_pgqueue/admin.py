@@ -17,8 +17,8 @@ from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.core.exceptions import PermissionDenied
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db.models import Q, TextField
-from django.db.models.functions import Cast
+from django.db.models import BooleanField, ExpressionWrapper, Q, TextField
+from django.db.models.functions import Cast, Now
 from django.template.response import TemplateResponse
 from django.urls import path
 from django.utils import timezone
@@ -36,7 +36,7 @@ from .forms import (
     ReviveAgainForm,
     ReviveToForm,
 )
-from .models import Category, DeadLetter, DeadLetterState, Message, Status
+from .models import Category, DeadLetter, DeadLetterState, Message, Status, WorkerHeartbeat
 
 LOG_CHUNK = 1000  # LogEntry rows written per INSERT
 EXAMPLES = 10  # rows named on an intermediate page
@@ -574,3 +574,66 @@ class DeadLetterAdmin(QueueAdminMixin, admin.ModelAdmin):
         )
         _log_changes(request, resolved, "Resolved (admin action)")
         return None
+
+
+# --- workers ----------------------------------------------------------------------------
+
+
+class AliveFilter(admin.SimpleListFilter):
+    title = "alive"
+    parameter_name = "alive"
+
+    def lookups(self, request, model_admin):
+        return [("yes", "Alive"), ("no", "Dead (heartbeat stale)")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "yes":
+            return queryset.filter(expires_at__gt=Now())
+        if self.value() == "no":
+            return queryset.filter(expires_at__lte=Now())
+        return queryset
+
+
+@admin.register(WorkerHeartbeat)
+class WorkerHeartbeatAdmin(admin.ModelAdmin):
+    """Read only: rows are written by the workers' heartbeats. A worker that
+    stopped cleanly has no row; a dead one shows as not alive for a day."""
+
+    list_display = [
+        "worker_id",
+        "alive",
+        "queues_text",
+        "concurrency",
+        "inflight",
+        "processed",
+        "heartbeat_at",
+        "started_at",
+    ]
+    list_filter = [AliveFilter]
+    search_fields = ["worker_id", "hostname"]
+    ordering = ["-heartbeat_at"]
+
+    def get_queryset(self, request):
+        return (
+            super()
+            .get_queryset(request)
+            .using(_alias())
+            .annotate(is_alive=ExpressionWrapper(Q(expires_at__gt=Now()), BooleanField()))
+        )
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    @admin.display(boolean=True, ordering="is_alive")
+    def alive(self, obj):
+        return obj.is_alive
+
+    @admin.display(description="queues")
+    def queues_text(self, obj):
+        return ", ".join(obj.queues)

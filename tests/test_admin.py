@@ -421,3 +421,37 @@ def test_each_action_needs_its_own_permission(client, staff_user, make_dead_lett
     assert reread(dead).state == NEW, "resolved without resolve_deadletter"
     action(client, DEAD_LETTERS, "revive", [dead])
     assert reread(dead).state == REVIVED
+
+
+def test_workers_are_listed_read_only_with_alive_or_dead(admin_client):
+    from django_pgqueue.models import WorkerHeartbeat
+
+    now = timezone.now()
+    for worker_id, expires in (("alive-one", 60), ("dead-one", -60)):
+        WorkerHeartbeat.objects.create(
+            worker_id=worker_id,
+            hostname="host",
+            pid=1,
+            queues=["default", "mail"],
+            concurrency=4,
+            expires_at=now + datetime.timedelta(seconds=expires),
+        )
+    workers = reverse("admin:django_pgqueue_workerheartbeat_changelist")
+    response = admin_client.get(workers)
+    assert {w.pk for w in response.context["cl"].result_list} == {"alive-one", "dead-one"}
+    assert "default, mail" in response.content.decode()
+    assert {w.pk for w in admin_client.get(workers + "?alive=yes").context["cl"].result_list} == {
+        "alive-one"
+    }
+    assert {w.pk for w in admin_client.get(workers + "?alive=no").context["cl"].result_list} == {
+        "dead-one"
+    }
+    detail = reverse("admin:django_pgqueue_workerheartbeat_change", args=["alive-one"])
+    page = admin_client.get(detail).content.decode()
+    assert 'name="_save"' not in page, "read only"
+    assert admin_client.post(detail, {"concurrency": 9}).status_code == 403
+    assert WorkerHeartbeat.objects.get(pk="alive-one").concurrency == 4
+    assert (
+        admin_client.get(workers.replace("workerheartbeat/", "workerheartbeat/add/")).status_code
+        == 403
+    )
