@@ -86,11 +86,14 @@ def messages_by_queue_topic_state(now=None):
     return [(row["queue"], row["topic"], row["state"], row["count"]) for row in rows]
 
 
-def dead_letters_by_topic_category_state():
-    """``[(topic, category, state, count), ...]`` of the dead letters, sorted."""
+def dead_letters_by_topic_category_state(queues=None):
+    """``[(topic, category, state, count), ...]`` of the dead letters, sorted;
+    only those of ``queues`` when given."""
+    rows = DeadLetter.objects.using(_alias())
+    if queues is not None:
+        rows = rows.filter(queue__in=queues)
     rows = (
-        DeadLetter.objects.using(_alias())
-        .values("topic", "category", "state")
+        rows.values("topic", "category", "state")
         .annotate(count=Count("id"))
         .order_by("topic", "category", "state")
     )
