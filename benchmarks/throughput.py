@@ -15,6 +15,7 @@ import math
 import os
 import platform
 import re
+import shlex
 import signal
 import statistics
 import subprocess
@@ -201,13 +202,19 @@ def busy_percent(before, after):
 # --- worker processes -----------------------------------------------------------------
 
 
+# --worker-args: options added to every worker's command line.
+EXTRA_WORKER_ARGS = []
+
+
 class WorkerProcess:
     """``manage.py pgqueue_worker`` in a session of its own (ctrl-c reaches only
     this script, which then kills it), its output in a log file."""
 
     def __init__(self, env, log_dir, name, options):
         self.log_path = Path(log_dir) / f"{name}.log"
-        self.args = ["manage.py", "pgqueue_worker", "--log-level", "WARNING", *options]
+        self.args = [
+            "manage.py", "pgqueue_worker", "--log-level", "WARNING", *options, *EXTRA_WORKER_ARGS
+        ]  # fmt: skip
         self._log = open(self.log_path, "wb")  # noqa: SIM115  (closed in wait/kill)
         self.started = time.perf_counter()
         self.proc = subprocess.Popen(
@@ -1013,7 +1020,13 @@ def parse_args(argv):
         help="exit 3 when a design goal is missed (checks always exit 1 on failure)",
     )
     parser.add_argument("--keep-logs", action="store_true", help="keep the worker logs")
+    parser.add_argument(
+        "--worker-args",
+        default="",
+        help="more pgqueue_worker options for every worker, e.g. '--metrics-port 0'",
+    )
     args = parser.parse_args(argv)
+    EXTRA_WORKER_ARGS.extend(shlex.split(args.worker_args))
     if args.messages < 1 or args.repeat < 1 or args.startup_runs < 1:
         parser.error("--messages, --repeat and --startup-runs must be at least 1")
     if "bench" not in database_name(args.database_url):
