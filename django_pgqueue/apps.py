@@ -9,9 +9,12 @@ class PgQueueConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from . import checks, notify, registry
+        from . import alerts, checks, notify, registry
+        from .signals import dead_lettered
 
         checks.register()
         # Keep the insert trigger's state in step with PGQUEUE["NOTIFY"].
         post_migrate.connect(notify.sync_trigger_after_migrate, sender=self)
-        registry.autodiscover()  # every installed app's handlers module
+        # Dead-letter alerts (they do nothing while ALERT_WEBHOOK_URL is None).
+        dead_lettered.connect(alerts.on_dead_lettered, dispatch_uid="django_pgqueue.alerts")
+        registry.autodiscover()  # every installed app's handlers module, ours too

@@ -83,7 +83,7 @@ DEFAULTS = {
     # Extra request headers, e.g. {"Authorization": "Bearer ..."}. Their
     # values are secrets: never logged, never shown in the admin.
     "ALERT_WEBHOOK_HEADERS": {},
-    "ALERT_WEBHOOK_TIMEOUT": 5.0,
+    "ALERT_WEBHOOK_TIMEOUT": 5.0,  # seconds, at most 50
     "ALERT_WEBHOOK_RETRIES": 3,
     "ALERT_WINDOW": 300.0,
     # Scheme and host the alert's admin link starts with, e.g.
@@ -161,6 +161,13 @@ def _factor(value):
     if isinstance(value, int | float) and not isinstance(value, bool) and 1 <= value < float("inf"):
         return None
     return "must be a number of at least 1"
+
+
+def _webhook_timeout(value):
+    # The alert handler's own timeout is 60 s: a request must give up first.
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 < value <= 50:
+        return None
+    return "must be a number of seconds greater than 0 and at most 50"
 
 
 def _non_negative_int(value):
@@ -306,7 +313,7 @@ _VALIDATORS = {
     "ENDPOINT_TOKEN": _token,
     "ALERT_WEBHOOK_URL": _http_url,
     "ALERT_WEBHOOK_HEADERS": _headers,
-    "ALERT_WEBHOOK_TIMEOUT": _positive_number,
+    "ALERT_WEBHOOK_TIMEOUT": _webhook_timeout,
     "ALERT_WEBHOOK_RETRIES": _non_negative_int,
     "ALERT_WINDOW": _positive_number,
     "ALERT_SITE_URL": _http_url,

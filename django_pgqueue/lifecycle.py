@@ -29,9 +29,8 @@ from django.db.models import F, QuerySet, Value
 from django.db.models.functions import Coalesce, Greatest, Now
 from django.utils import timezone
 
-from . import conf, policy, registry
+from . import conf, policy, registry, signals
 from .models import Category, DeadLetter, Message, Status, WorkerHeartbeat
-from .signals import dead_lettered
 
 logger = logging.getLogger(__name__)
 
@@ -339,7 +338,9 @@ def dead_letter(
         )
         Message.objects.using(using).filter(pk=row.pk).delete()
         transaction.on_commit(
-            lambda: dead_lettered.send(sender=DeadLetter, dead_letter=dead, message_id=row.pk),
+            lambda: signals.send(
+                signals.dead_lettered, sender=DeadLetter, dead_letter=dead, message_id=row.pk
+            ),
             using=using,
         )
     logger.info(

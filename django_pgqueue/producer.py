@@ -21,10 +21,9 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.models import Q
 
-from . import conf
+from . import conf, signals
 from .exceptions import InvalidMessage
 from .models import UNFINISHED, Message, Status
-from .signals import message_enqueued
 
 # One statement for one message or fifty thousand: the ORM cannot say
 # "INSERT ... ON CONFLICT (cols) WHERE <partial index predicate> DO NOTHING
@@ -244,9 +243,9 @@ def _adopt_existing(messages, alias):
 
 
 def _send_enqueued(messages, alias):
-    if message_enqueued.has_listeners(Message):
+    if signals.message_enqueued.has_listeners(Message):
         for message in messages:
-            message_enqueued.send(sender=Message, message=message, using=alias)
+            signals.send(signals.message_enqueued, sender=Message, message=message, using=alias)
 
 
 def _unsaved_message(row):

@@ -2,9 +2,32 @@
 
 Every signal is sent after the transaction that caused it has committed, never
 before: a receiver never sees a message that a rollback then discards.
+
+Receivers are called robustly (``send_robust``): an exception in one is
+logged on the ``django_pgqueue.signals`` logger and the others still run. A
+broken receiver never fails an enqueue that has already committed, nor stops
+a worker's handler thread.
 """
 
+import logging
+
 from django.dispatch import Signal
+
+logger = logging.getLogger(__name__)
+
+
+def send(signal, sender, **kwargs):
+    """Send ``signal`` to every receiver; log the ones that raise."""
+    for receiver, result in signal.send_robust(sender=sender, **kwargs):
+        if isinstance(result, Exception):
+            logger.error(
+                "Signal receiver %s raised %s: %s",
+                getattr(receiver, "__qualname__", receiver),
+                type(result).__name__,
+                result,
+                exc_info=result,
+            )
+
 
 # Sent once per message after the enqueueing transaction commits.
 # Arguments: ``message`` (the Message instance), ``using`` (the queue's alias).
@@ -18,6 +41,9 @@ message_done = Signal()
 # Arguments: ``message``, ``category``, ``reason``, ``retry_at``, ``worker``.
 message_retried = Signal()
 
-# A message moved to the dead-letter table.
-# Arguments: ``dead_letter`` (the DeadLetter instance), ``message_id``.
+# A message moved to the dead-letter table (from a worker, maintenance's rescue
+# or the admin), sent with ``sender=DeadLetter``.
+# Arguments: ``dead_letter`` (the DeadLetter instance: topic, category, reason,
+# attempts, worker, queue...), ``message_id``. django-pgqueue's webhook alerts
+# (``alerts.py``) are one receiver.
 dead_lettered = Signal()

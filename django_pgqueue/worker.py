@@ -36,12 +36,11 @@ import psycopg
 from asgiref.sync import async_to_sync
 from django.db import DatabaseError, connections, transaction
 
-from . import conf, lifecycle, maintenance, policy, registry
+from . import conf, lifecycle, maintenance, policy, registry, signals
 from .exceptions import HandlerTimeout, Retry
 from .metrics import DEAD_LETTERED, RETRIED, NullMetrics
 from .models import Category
 from .notify import CHANNEL
-from .signals import message_done, message_retried
 
 logger = logging.getLogger(__name__)
 
@@ -355,8 +354,12 @@ class Worker:
                 "state": "done",
             },
         )
-        message_done.send(
-            sender=type(message), message=message, duration=duration, worker=self.worker_id
+        signals.send(
+            signals.message_done,
+            sender=type(message),
+            message=message,
+            duration=duration,
+            worker=self.worker_id,
         )
 
     def _record_failure(self, job, exc, category=None):
@@ -401,7 +404,8 @@ class Worker:
                         "state": "retry_scheduled",
                     },
                 )
-                message_retried.send(
+                signals.send(
+                    signals.message_retried,
                     sender=type(message),
                     message=message,
                     category=category,

@@ -69,6 +69,7 @@ def test_unknown_key_suggests_the_close_one():
         ({"ALERT_WEBHOOK_HEADERS": {"X Token": "v"}}, "has an invalid header name 'X Token'"),
         ({"ALERT_WEBHOOK_HEADERS": {"X-Token": "a\r\nb"}}, "must have a one-line string value"),
         ({"ALERT_WEBHOOK_TIMEOUT": 0}, "must be a number of seconds greater than 0"),
+        ({"ALERT_WEBHOOK_TIMEOUT": 60}, "greater than 0 and at most 50"),
         ({"ALERT_WEBHOOK_RETRIES": -1}, "must be a whole number of at least 0"),
         ({"ALERT_WINDOW": "5m"}, "must be a number of seconds greater than 0"),
     ],

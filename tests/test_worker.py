@@ -258,3 +258,31 @@ def test_stop_hands_back_what_does_not_finish_in_time_without_counting_the_attem
 
 def handler_threads():
     return [t for t in threading.enumerate() if t.name.startswith("pgqueue-handler")]
+
+
+def test_a_raising_signal_receiver_is_logged_and_stops_nothing(caplog):
+    from django_pgqueue.signals import dead_lettered, message_done, message_retried
+
+    def broken(**kwargs):
+        raise RuntimeError("receiver bug")
+
+    for signal in (message_done, message_retried, dead_lettered):
+        signal.connect(broken, dispatch_uid="test-broken")
+    try:
+        done = enqueue_many([{"payload": {}}] * 5, topic="test.record")
+        retried = enqueue("test.fail", {"raise": "ConnectionError", "times": 1})
+        dead = enqueue("test.fail", {"raise": "Permanent"})
+        with running_worker(concurrency=2, poll_interval=0.1):
+            wait_until(
+                lambda: (
+                    handled_ids().keys() >= {m.pk for m in done} | {retried.pk}
+                    and DeadLetter.objects.filter(message_id=dead.pk).exists()
+                ),
+                timeout=20,
+                message="every message finished despite the broken receiver",
+            )
+    finally:
+        for signal in (message_done, message_retried, dead_lettered):
+            signal.disconnect(dispatch_uid="test-broken")
+    assert not Message.objects.exists()
+    assert "Signal receiver" in caplog.text and "receiver bug" in caplog.text

@@ -1,0 +1,257 @@
+"""Dead-letter alerts: a JSON POST to ``PGQUEUE["ALERT_WEBHOOK_URL"]``.
+
+How an alert travels:
+
+1. ``on_dead_lettered`` receives the ``dead_lettered`` signal (sent after the
+   dead letter committed). With no ``ALERT_WEBHOOK_URL`` it does nothing.
+   Dead letters of ``conf.ALERT_TOPIC`` (an alert that could not be
+   delivered) never raise an alert of their own: no alert loops.
+2. ``raise_alert`` asks the suppression row of the dead letter's topic and
+   category (``AlertState``, shared by every process) whether an alert may go
+   out now, and if so enqueues a message of topic ``"pgqueue.alert"`` on the
+   dead letter's queue, with ``max_attempts = 1 + ALERT_WEBHOOK_RETRIES``,
+   in the same transaction. A message, not a request made right here: it
+   survives a crash after the dead letter committed, it is delivered with
+   the queue's retry and backoff policy, a slow webhook holds one handler
+   slot and nothing else, and an alert that cannot be delivered becomes a
+   dead letter itself (visible in the admin, revivable).
+3. A worker runs the handler of ``"pgqueue.alert"`` (``handlers.py``): one
+   POST, success on any 2xx answer.
+
+The receiver never raises: an error on the way to the alert is logged and
+swallowed, so the dead-lettering (and the message processing around it)
+never fails because of alerts.
+
+Suppression: at most one alert per topic and category per ``ALERT_WINDOW``
+seconds. The first dead letter of a topic and category sends one and opens a
+window; the dead letters that follow inside the window are counted, not
+sent. The first dead letter after the window has passed sends the next
+alert, which reports how many were held back (``suppressed``) and how many
+dead letters it stands for (``count = 1 + suppressed``), and opens a new
+window. Known limit: the held-back dead letters are reported by the *next*
+alert of their topic and category only; if no dead letter of that topic and
+category follows, they are never reported (the admin and the dead-letter
+metrics still show them).
+
+The payload (JSON object)::
+
+    event             "dead_lettered"
+    topic, category   of the dead letter (and of the suppression window)
+    queue             the dead letter's queue (the alert is sent from it too)
+    reason            the first line of the dead letter's reason, at most
+                      1000 characters
+    dead_letter_id    the DeadLetter's id
+    message_id        the id the message had in the queue
+    attempts          attempts the message made
+    worker            the worker that dead-lettered it ("" from the admin)
+    dead_lettered_at  ISO 8601
+    count             dead letters of this topic and category the alert
+                      stands for: this one and the ones held back before it
+    suppressed        dead letters held back since the previous alert
+    window_seconds    ALERT_WINDOW
+    admin_url         ALERT_SITE_URL + the admin page of this dead letter
+                      (count 1) or the dead-letter list filtered by topic
+                      and category (count > 1); "" when the admin's URLs
+                      cannot be reversed
+    text              the same in one line, for chat webhooks (Slack,
+                      Mattermost) that show a "text" field
+
+Delivery, its failures and the secrecy of the webhook's headers: see
+``handlers.py``.
+"""
+
+import logging
+from dataclasses import dataclass
+from urllib.parse import urlencode
+
+from django.db import connections, transaction
+from django.urls import reverse
+
+from . import conf
+from .models import AlertState
+from .producer import enqueue
+
+logger = logging.getLogger(__name__)
+
+REASON_MAX_LENGTH = 1000
+
+# One statement decides, for all processes at once, whether this dead letter
+# sends an alert; the ORM cannot say "insert or update, and return the old
+# value" in one statement.
+#
+# Concurrency: ``old`` locks the topic's row (FOR UPDATE) before anything
+# else. A concurrent statement waits for that lock and then reads the row as
+# the first one committed it (READ COMMITTED re-reads a locked row's newest
+# version), so two workers never both see an expired window: the second sees
+# the first one's new window and is suppressed. The ON CONFLICT update then
+# changes that same, already locked, version, so ``old`` holds exactly the
+# values it replaces (what RETURNING cannot show). When the row does not
+# exist yet, both insert: one wins, the other finds the conflict with an empty
+# ``old`` and counts itself as suppressed (an alert has just gone out).
+# ``old`` is MATERIALIZED and read by the INSERT's own source, so it runs
+# once, before the insert.
+SUPPRESS_SQL = """
+WITH clock AS (SELECT COALESCE(%(now)s::timestamptz, now()) AS now),
+old AS MATERIALIZED (
+    SELECT a.suppressed,
+        a.last_sent_at <= clock.now - make_interval(secs => %(window)s) AS window_over
+    FROM {table} AS a, clock
+    WHERE a.topic = %(topic)s AND a.category = %(category)s
+    FOR UPDATE OF a
+)
+INSERT INTO {table} AS s (topic, category, last_sent_at, suppressed)
+SELECT %(topic)s, %(category)s, clock.now, 0 FROM clock LEFT JOIN old ON true
+ON CONFLICT (topic, category) DO UPDATE SET
+    last_sent_at = CASE WHEN (SELECT window_over FROM old)
+        THEN EXCLUDED.last_sent_at ELSE s.last_sent_at END,
+    suppressed = CASE WHEN (SELECT window_over FROM old)
+        THEN 0 ELSE LEAST(s.suppressed, 2147483646) + 1 END
+RETURNING s.suppressed = 0, s.suppressed, COALESCE((SELECT suppressed FROM old), 0)
+"""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    send: bool
+    # send: how many were held back before this one (reported by its alert);
+    # not send: how many are held back so far, this one included.
+    suppressed: int
+
+
+def suppression(topic, category, now=None, using=None):
+    """Count a dead letter of ``topic`` and ``category`` against its alert
+    window, in one statement (see SUPPRESS_SQL); returns the Verdict.
+
+    ``now`` (an aware datetime) stands in for the database's clock.
+    """
+    using = using or conf.get("DATABASE")
+    connection = connections[using]
+    sql = SUPPRESS_SQL.format(table=connection.ops.quote_name(AlertState._meta.db_table))
+    params = {
+        "now": now,
+        "window": float(conf.get("ALERT_WINDOW")),
+        "topic": topic,
+        "category": category,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        send, current, previous = cursor.fetchone()
+    return Verdict(send=send, suppressed=previous if send else current)
+
+
+def on_dead_lettered(sender, dead_letter=None, **kwargs):
+    """Receiver of ``dead_lettered``: raise an alert; never raises itself."""
+    try:
+        raise_alert(dead_letter)
+    except Exception:
+        logger.exception(
+            "Dead letter id=%s topic=%s: the alert could not be raised",
+            getattr(dead_letter, "pk", None),
+            getattr(dead_letter, "topic", None),
+            extra={"dead_letter_id": getattr(dead_letter, "pk", None), "state": "alert_failed"},
+        )
+
+
+def raise_alert(dead_letter, now=None):
+    """Enqueue the alert for ``dead_letter`` unless alerts are off, it is an
+    alert itself, or its window suppresses it. Returns the alert's Message,
+    or None.
+    """
+    if conf.get("ALERT_WEBHOOK_URL") is None or dead_letter.topic == conf.ALERT_TOPIC:
+        return None
+    using = conf.get("DATABASE")
+    extra = {
+        "dead_letter_id": dead_letter.pk,
+        "topic": dead_letter.topic,
+        "category": dead_letter.category,
+    }
+    # The window's update and the alert commit together: a window is never
+    # spent on an alert that was not queued.
+    with transaction.atomic(using=using):
+        verdict = suppression(dead_letter.topic, dead_letter.category, now=now, using=using)
+        if not verdict.send:
+            logger.info(
+                "Dead letter id=%s topic=%s category=%s: alert suppressed (%s in this window)",
+                dead_letter.pk,
+                dead_letter.topic,
+                dead_letter.category,
+                verdict.suppressed,
+                extra={**extra, "state": "alert_suppressed", "suppressed": verdict.suppressed},
+            )
+            return None
+        message = enqueue(
+            conf.ALERT_TOPIC,
+            build_payload(dead_letter, verdict.suppressed),
+            queue=dead_letter.queue,
+            max_attempts=1 + conf.get("ALERT_WEBHOOK_RETRIES"),
+            using=using,
+        )
+    logger.info(
+        "Dead letter id=%s topic=%s category=%s: alert queued as message id=%s "
+        "(%s held back before it)",
+        dead_letter.pk,
+        dead_letter.topic,
+        dead_letter.category,
+        message.pk,
+        verdict.suppressed,
+        extra={**extra, "state": "alert_queued", "message_id": message.pk},
+    )
+    return message
+
+
+def build_payload(dead_letter, suppressed):
+    """The alert's JSON object (see the module docstring)."""
+    count = 1 + suppressed
+    lines = (dead_letter.reason or "").strip().splitlines()
+    reason = lines[0] if lines else ""
+    if len(reason) > REASON_MAX_LENGTH:
+        reason = reason[: REASON_MAX_LENGTH - 1] + "…"
+    at = dead_letter.dead_lettered_at
+    url = admin_url(dead_letter, count)
+    if count == 1:
+        text = f"Dead letter in {dead_letter.topic} ({dead_letter.category})"
+    else:
+        text = (
+            f"{count} dead letters in {dead_letter.topic} ({dead_letter.category}) "
+            "since the last alert"
+        )
+    text += f" on queue {dead_letter.queue}: {reason}"
+    if url:
+        text += f" {url}"
+    return {
+        "event": "dead_lettered",
+        "topic": dead_letter.topic,
+        "category": dead_letter.category,
+        "queue": dead_letter.queue,
+        "reason": reason,
+        "dead_letter_id": dead_letter.pk,
+        "message_id": dead_letter.message_id,
+        "attempts": dead_letter.attempts,
+        "worker": dead_letter.worker or "",
+        "dead_lettered_at": at.isoformat() if hasattr(at, "isoformat") else None,
+        "count": count,
+        "suppressed": suppressed,
+        "window_seconds": conf.get("ALERT_WINDOW"),
+        "admin_url": url,
+        "text": text,
+    }
+
+
+def admin_url(dead_letter, count):
+    """The admin page an alert links to: the dead letter itself when the
+    alert stands for it alone, else the dead letters of its topic and
+    category. "" when the admin's URLs cannot be reversed."""
+    try:
+        if count == 1:
+            path = reverse("admin:django_pgqueue_deadletter_change", args=[dead_letter.pk])
+        else:
+            # The parameters of the list filters on "topic" and "category",
+            # so the admin shows them as selected.
+            query = urlencode(
+                {"topic__exact": dead_letter.topic, "category__exact": dead_letter.category}
+            )
+            path = reverse("admin:django_pgqueue_deadletter_changelist") + "?" + query
+    except Exception:  # no admin, another admin site, a broken URLconf: no link
+        logger.debug("No admin URL for dead letter id=%s", dead_letter.pk, exc_info=True)
+        return ""
+    return (conf.get("ALERT_SITE_URL") or "").rstrip("/") + path
