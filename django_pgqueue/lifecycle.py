@@ -68,6 +68,15 @@ WHERE id = ANY(%s) AND status = 'processing' AND lease_token = %s
 RETURNING id
 """
 
+# Acknowledgement of messages of several claims (each its own lease token),
+# in one statement: the atomic batches of worker.py.
+ACK_PAIRS_SQL = """
+DELETE FROM {table}
+WHERE (id, lease_token) IN (SELECT * FROM unnest(%s::bigint[], %s::uuid[]))
+    AND status = 'processing'
+RETURNING id
+"""
+
 # The wake-up the insert trigger sends, for changes that are not inserts.
 NOTIFY_SQL = "SELECT pg_notify('django_pgqueue', queue) FROM unnest(%s::text[]) AS queue"
 
@@ -197,6 +206,18 @@ def ack_many(messages):
         if message.pk not in finished:
             _log_lease_lost(message, "not acknowledged")
     return finished
+
+
+def ack_leased(messages):
+    """Delete each of ``messages`` whose lease (its own token) still holds it,
+    in one statement; returns the ids deleted. Inside the caller's
+    transaction: the atomic batch compares the ids with what it expected and
+    rolls back when a lease was lost."""
+    connection = connections[alias()]
+    sql = ACK_PAIRS_SQL.format(table=connection.ops.quote_name(Message._meta.db_table))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [[m.pk for m in messages], [m.lease_token for m in messages]])
+        return {row[0] for row in cursor.fetchall()}
 
 
 def _delete_leased(ids, token):

@@ -48,6 +48,26 @@ logger = logging.getLogger(__name__)
 RECONNECT_DELAY = 0.5
 RECONNECT_DELAY_CAP = 30.0
 
+# Default --batch-size: this many messages per handler thread.
+BATCH_PER_THREAD = 4
+
+# Acknowledgements of atomic=False handlers wait at most this long to be
+# flushed together (or until a batch's worth is waiting).
+ACK_DELAY = 0.05
+
+# Atomic handlers share a transaction (and its commit): a handler thread runs
+# the atomic messages waiting in the pool one after another, each in a
+# savepoint, and commits them with their acknowledgement once it has run
+# batch_size of them, none is waiting, or this much time has passed.
+ATOMIC_BATCH_SECONDS = 0.05
+# At most this many handlers per shared transaction: each savepoint that
+# writes takes a subtransaction id, and past 64 in one transaction
+# PostgreSQL's snapshots overflow to pg_subtrans, which slows every session.
+ATOMIC_BATCH_MAX = 50
+SAVEPOINT_SQL = "SAVEPOINT pgqueue_job"
+NEXT_SAVEPOINT_SQL = "RELEASE SAVEPOINT pgqueue_job; SAVEPOINT pgqueue_job"
+ROLLBACK_SAVEPOINT_SQL = "ROLLBACK TO SAVEPOINT pgqueue_job"
+
 
 class _LeaseLost(Exception):
     """The acknowledgement found the lease gone: roll the handler back."""
@@ -66,6 +86,9 @@ class _Job:
     abandoned: bool = False  # timed out or handed back: its late result is discarded
     lease_lost: bool = False
     duration: float | None = None  # seconds the handler took
+    queued: bool = True  # submitted to the pool, no thread has taken it yet
+    batch: list | None = None  # the jobs sharing its transaction (atomic handlers)
+    uncommitted: bool = False  # its handler succeeded; the batch has not committed yet
 
 
 class Worker:
@@ -78,6 +101,7 @@ class Worker:
         queues=None,
         concurrency=4,
         batch_size=None,
+        prefetch=None,
         burst=False,
         max_messages=None,
         shutdown_timeout=30.0,
@@ -88,7 +112,14 @@ class Worker:
     ):
         self.queues = list(queues or conf.queues())
         self.concurrency = concurrency
-        self.batch_size = batch_size or max(concurrency, 1)
+        # Claims of several messages per thread make fewer round trips (and,
+        # for atomic handlers, fewer commits), like Celery's prefetch multiplier.
+        self.batch_size = batch_size or BATCH_PER_THREAD * concurrency
+        # Messages claimed ahead of the running ones, so that a claim can be a
+        # batch while every thread is busy (their leases are extended like
+        # the running ones', and shutdown hands them back at once).
+        self.prefetch = self.batch_size if prefetch is None else prefetch
+        self.capacity = concurrency + self.prefetch
         self.burst = burst
         self.max_messages = max_messages
         self.shutdown_timeout = shutdown_timeout
@@ -111,6 +142,8 @@ class Worker:
         self._heartbeat_wake = threading.Event()  # exit, or maintenance wanted
         self._inflight = {}  # message id -> _Job whose handler runs
         self._unacked = {}  # message id -> _Job done, acknowledgement not yet flushed
+        self._ack_due = None  # time.monotonic() by which the unacked must be flushed
+        self._queued = 0  # jobs in _inflight that no thread has taken yet
         self._pool = None
         self._threads = []
         self._last_beat = None  # time.monotonic() of the last recorded heartbeat
@@ -191,7 +224,7 @@ class Worker:
                     break
                 if self.burst and not ready_hint and not self._busy():
                     probe = True  # all done: exit unless more is ready
-                if ready_hint and self._free_slots() > 0 and not self._limit_reached():
+                if ready_hint and self._claim_size() > 0 and not self._limit_reached():
                     asked, got = self._claim()
                     ready_hint = got == asked  # a full batch: more may be waiting
                     probe = probe or got < asked
@@ -226,10 +259,12 @@ class Worker:
                 db_delay = min(db_delay * 2, RECONNECT_DELAY_CAP)
                 ready_hint = probe = True
                 continue
-            if ready_hint and self._free_slots() > 0 and not self._limit_reached():
+            if ready_hint and self._claim_size() > 0 and not self._limit_reached():
                 continue
             now = time.monotonic()
-            wake_at = min(next_poll, due_at or math.inf, self._next_deadline())
+            wake_at = min(
+                next_poll, due_at or math.inf, self._next_deadline(), self._ack_due or math.inf
+            )
             self._wake.wait(max(0.0, wake_at - now))
             self._wake.clear()
             now = time.monotonic()
@@ -245,7 +280,7 @@ class Worker:
                 probe = True
 
     def _claim(self):
-        asked = min(self._free_slots(), self.batch_size)
+        asked = self._claim_size()
         if self.max_messages is not None:
             asked = min(asked, self.max_messages - self.claimed)
         started = time.perf_counter()
@@ -256,6 +291,7 @@ class Worker:
             job = _Job(message=message, spec=registry.lookup(message.topic))
             with self._lock:
                 self._inflight[message.pk] = job
+                self._queued += 1
             self._pool.submit(job)
         return asked, len(messages)
 
@@ -263,9 +299,28 @@ class Worker:
         with self._lock:
             return len(self._inflight)
 
-    def _free_slots(self):
+    def _claim_size(self):
+        """How many messages to claim now: up to the free capacity, at most a
+        batch; while the threads still have enough queued work, nothing until
+        a whole batch is free (fewer, larger claims)."""
         with self._lock:
-            return self.concurrency - len(self._inflight) - self._pool.stuck()
+            free = self.capacity - len(self._inflight) - self._pool.stuck()
+            return self._claim_size_locked(free)
+
+    def _claim_size_locked(self, free):
+        if free <= 0 or (free < self.batch_size and self._queued >= self.concurrency):
+            return 0
+        return min(free, self.batch_size)
+
+    def _loop_has_work_locked(self):
+        """Whether a finished job should wake the main loop: a claim is due,
+        acknowledgements are piling up, or nothing is left in flight."""
+        free = self.capacity - len(self._inflight) - self._pool.stuck()
+        return (
+            self._claim_size_locked(free) > 0
+            or len(self._unacked) >= self.batch_size
+            or not self._inflight
+        )
 
     def _busy(self):
         with self._lock:
@@ -284,13 +339,34 @@ class Worker:
 
     # --- handler threads ------------------------------------------------------
 
+    def _start(self, job):
+        """Take ``job`` out of the queue for this thread; False if it was
+        handed back (shutdown) or abandoned meanwhile."""
+        with self._lock:
+            if not job.queued:
+                return False
+            job.queued = False
+            self._queued -= 1
+            if job.abandoned:
+                return False
+            job.started = time.monotonic()
+            if job.spec is not None and job.spec.timeout is not None:
+                job.deadline = job.started + job.spec.timeout
+            job.thread = threading.get_ident()
+        self.metrics.started(job.message)
+        return True
+
     def _run_job(self, job):
+        if not self._start(job):
+            return
+        if job.spec is not None and job.spec.atomic and self.batch_size > 1:
+            self._run_atomic_batch(job)
+        else:
+            self._run_one(job)
+
+    def _run_one(self, job):
+        """Run one started job in a transaction of its own (atomic) or none."""
         message, spec = job.message, job.spec
-        job.started = time.monotonic()
-        if spec is not None and spec.timeout is not None:
-            job.deadline = job.started + spec.timeout
-        job.thread = threading.get_ident()
-        self.metrics.started(message)
         try:
             if spec is None:
                 outcome = self._record_failure(
@@ -308,13 +384,7 @@ class Worker:
                 _call(spec, message)
                 outcome = ACK_PENDING
         except _LeaseLost:
-            logger.warning(
-                "Message id=%s topic=%s attempt=%s: lease lost before the commit; "
-                "the handler's database writes were rolled back",
-                message.pk,
-                message.topic,
-                message.attempts,
-            )
+            _log_lease_lost_before_commit(job)
             outcome = LOST
         except BaseException as exc:  # noqa: BLE001  (a handler may raise anything)
             _drop_broken_connections()  # record the failure on a working connection
@@ -324,19 +394,143 @@ class Worker:
         self._finished(job, outcome)
 
     def _finished(self, job, outcome):
-        duration = time.monotonic() - job.started
+        if job.duration is None:
+            job.duration = time.monotonic() - job.started
         message = job.message
         with self._lock:
             if self._inflight.get(message.pk) is job:
                 del self._inflight[message.pk]
             if outcome == ACK_PENDING and not job.abandoned:
-                job.duration = duration
                 self._unacked[message.pk] = job
+                if self._ack_due is None:
+                    self._ack_due = time.monotonic() + ACK_DELAY
             elif outcome in (DONE, FAILED):
                 self.processed += 1
+            wake = self._loop_has_work_locked()
         if outcome == DONE:
-            self._log_done(message, duration)
-        self._wake.set()
+            self._log_done(message, job.duration)
+        if wake:
+            self._wake.set()
+
+    def _run_atomic_batch(self, first):
+        """Run ``first`` and the atomic jobs queued behind it in one
+        transaction, each in a savepoint, and commit them with their
+        acknowledgement (one DELETE guarded by each lease token): many
+        handlers share one commit, and each message's writes still commit
+        or roll back with its own acknowledgement.
+
+        A handler that raises rolls back to its savepoint (with the
+        ``on_commit`` callbacks it registered); its failure is recorded after
+        the commit. If the acknowledgement finds a lease gone, the whole
+        transaction rolls back and the jobs that still hold their lease run
+        again one by one (their writes were rolled back: nothing happens
+        twice).
+        """
+        using = lifecycle.alias()
+        connection = connections[using]
+        batch, succeeded, failed = [first], [], []
+        after = None  # a job taken from the pool that cannot join the batch
+        began = time.monotonic()
+        acked = set()
+        limit = min(self.batch_size, ATOMIC_BATCH_MAX)
+        try:
+            with transaction.atomic(using=using):
+                _execute(connection, SAVEPOINT_SQL)
+                job = first
+                while True:
+                    job.batch = batch
+                    callbacks = len(connection.run_on_commit)
+                    try:
+                        _call(job.spec, job.message)
+                        if job.abandoned:
+                            raise _LeaseLost
+                        if connection.needs_rollback:
+                            # The handler swallowed an error inside an atomic block.
+                            raise DatabaseError("the handler left its transaction unusable")
+                        # One round trip: keep this job's writes, open the next savepoint.
+                        _execute(connection, NEXT_SAVEPOINT_SQL)
+                        job.duration = time.monotonic() - job.started
+                        job.deadline = None  # its handler is done: it cannot time out
+                        job.uncommitted = True
+                        succeeded.append(job)
+                    except BaseException as exc:  # noqa: BLE001  (a handler may raise anything)
+                        job.duration = time.monotonic() - job.started
+                        job.deadline = None
+                        if not isinstance(exc, _LeaseLost):  # a timed-out job is recorded
+                            failed.append((job, exc))
+                        # Undo this job alone: its writes and its on_commit callbacks.
+                        # (If the connection is gone this raises: the batch fails.)
+                        _execute(connection, ROLLBACK_SAVEPOINT_SQL)
+                        connection.needs_rollback = False
+                        del connection.run_on_commit[callbacks:]
+                    if len(batch) >= limit or time.monotonic() - began > ATOMIC_BATCH_SECONDS:
+                        break
+                    job = self._pool.take_nowait()
+                    if job is None:
+                        break
+                    if not (job.spec is not None and job.spec.atomic):
+                        after = job
+                        break
+                    if not self._start(job):
+                        break
+                    batch.append(job)
+                keep = [j for j in succeeded if not j.abandoned]
+                if keep:
+                    acked = lifecycle.ack_leased([j.message for j in keep])
+                    if len(acked) != len(keep):
+                        raise _LeaseLost
+        except _LeaseLost:
+            # Rolled back: run again, alone, the jobs that still held their lease.
+            self._log_batch_rollback(succeeded, acked)
+            for job in succeeded:
+                job.uncommitted = False
+                if job.abandoned:
+                    continue
+                if job.message.pk in acked:
+                    job.duration = None
+                    self._run_one(job)
+                else:
+                    _log_lease_lost_before_commit(job)
+                    self._finished(job, LOST)
+            succeeded = []
+        except BaseException as exc:  # noqa: BLE001  (the database failed under the batch)
+            _drop_broken_connections()
+            logger.warning(
+                "Worker %s: a batch of %s atomic handler(s) could not commit (%s); "
+                "their leases expire and the messages run again",
+                self.worker_id,
+                len(succeeded),
+                _first_line(exc),
+            )
+            for job in succeeded:
+                job.uncommitted = False
+                self._finished(job, LOST)
+            succeeded = []
+        finally:
+            _drop_broken_connections()
+        for job in succeeded:
+            job.uncommitted = False
+            self._finished(job, LOST if job.abandoned else DONE)
+        for job, exc in failed:
+            outcome = LOST if job.abandoned else self._record_failure(job, exc)
+            self._finished(job, outcome)
+        # A job cut off by a broken connection (neither succeeded nor failed):
+        # its lease expires and maintenance returns it.
+        with self._lock:
+            orphans = [j for j in batch if self._inflight.get(j.message.pk) is j]
+        for job in orphans:
+            self._finished(job, LOST)
+        if after is not None:
+            self._run_job(after)
+
+    def _log_batch_rollback(self, succeeded, acked):
+        logger.warning(
+            "Worker %s: %s of %s message(s) of an atomic batch lost their lease before the "
+            "commit; the batch was rolled back and the others run again one by one",
+            self.worker_id,
+            len(succeeded) - len(acked or ()),
+            len(succeeded),
+        )
 
     def _log_done(self, message, duration):
         self.metrics.finished(message, DONE, duration)  # the outcome label, "done"
@@ -436,6 +630,7 @@ class Worker:
     def _flush_acks(self):
         with self._lock:
             jobs = list(self._unacked.values())
+            self._ack_due = None
         if not jobs:
             return
         finished = lifecycle.ack_many([job.message for job in jobs])
@@ -470,6 +665,26 @@ class Worker:
             if self._record_failure(job, exc, category=Category.TRANSIENT) == FAILED:
                 with self._lock:
                     self.processed += 1
+            self._free_hostages(job)
+
+    def _free_hostages(self, job):
+        """The messages whose handlers succeeded in the same (uncommitted)
+        transaction as a timed-out handler would wait for it: hand them back
+        to the queue now (their writes roll back with the batch, and the
+        batch's acknowledgement finds their leases gone)."""
+        with self._lock:
+            hostages = [j for j in job.batch or () if j.uncommitted and not j.abandoned]
+            for hostage in hostages:
+                hostage.abandoned = True
+                self._inflight.pop(hostage.message.pk, None)
+        if hostages:
+            released = lifecycle.release([j.message for j in hostages])
+            logger.warning(
+                "Worker %s: handed back %s message(s) that shared a transaction with the "
+                "timed-out one",
+                self.worker_id,
+                released,
+            )
 
     # --- heartbeat ------------------------------------------------------------
 
@@ -604,6 +819,24 @@ class Worker:
 
     def _shutdown(self):
         self._stopping.set()
+        # Claimed but not started: hand back at once (no attempt counted).
+        with self._lock:
+            unstarted = [j for j in self._inflight.values() if j.queued]
+            for job in unstarted:
+                job.queued, job.abandoned = False, True
+                self._queued -= 1
+                del self._inflight[job.message.pk]
+        if unstarted:
+            try:
+                lifecycle.release([job.message for job in unstarted])
+            except DatabaseError:
+                _drop_broken_connections()
+                logger.warning(
+                    "Worker %s: could not hand back %s prefetched message(s); "
+                    "they return when their lease expires",
+                    self.worker_id,
+                    len(unstarted),
+                )
         deadline = time.monotonic() + self.shutdown_timeout
         while self._busy() and time.monotonic() < deadline:
             try:
@@ -674,6 +907,17 @@ class _HandlerPool:
     def submit(self, job):
         self._tasks.put(job)
 
+    def take_nowait(self):
+        """The next queued job, or None when there is none (or the pool is
+        shutting down: the stop marker is put back for the thread's loop)."""
+        try:
+            job = self._tasks.get_nowait()
+        except queue.Empty:
+            return None
+        if job is None:
+            self._tasks.put(None)
+        return job
+
     def stuck(self):
         return self._unreplaced
 
@@ -722,6 +966,21 @@ def _call(spec, message):
         # connection, inside the handler's transaction.
         return async_to_sync(spec.func)(message)
     return spec.func(message)
+
+
+def _execute(connection, sql):
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
+
+
+def _log_lease_lost_before_commit(job):
+    logger.warning(
+        "Message id=%s topic=%s attempt=%s: lease lost before the commit; "
+        "the handler's database writes were rolled back",
+        job.message.pk,
+        job.message.topic,
+        job.message.attempts,
+    )
 
 
 def _first_line(exc):

@@ -14,6 +14,8 @@ from django_pgqueue.models import Message
         (["--concurrency", "0"], "--concurrency: must be at least 1, not 0"),
         (["--concurrency", "many"], "--concurrency: 'many' is not a whole number"),
         (["--batch-size", "-3"], "--batch-size: must be at least 1"),
+        (["--prefetch", "-1"], "--prefetch: must be zero or more, not -1"),
+        (["--prefetch", "many"], "--prefetch: 'many' is not a whole number"),
         (["--max-messages", "1.5"], "--max-messages: '1.5' is not a whole number"),
         (["--shutdown-timeout", "-1"], "--shutdown-timeout: must be zero or more seconds"),
         (["--poll-interval", "0"], "--poll-interval: must be more than zero seconds"),

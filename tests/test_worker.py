@@ -286,3 +286,96 @@ def test_a_raising_signal_receiver_is_logged_and_stops_nothing(caplog):
             signal.disconnect(dispatch_uid="test-broken")
     assert not Message.objects.exists()
     assert "Signal receiver" in caplog.text and "receiver bug" in caplog.text
+
+
+# --- atomic handlers sharing a transaction ------------------------------------
+
+
+@pytest.fixture
+def committed():
+    from demo import handlers
+
+    handlers.COMMITTED.clear()
+    yield handlers.COMMITTED
+    handlers.COMMITTED.clear()
+
+
+@pytest.fixture
+def ack_calls(monkeypatch):
+    """How many shared transactions acknowledged their messages."""
+    from django_pgqueue import lifecycle
+
+    calls = []
+    real = lifecycle.ack_leased
+
+    def counting(messages):
+        calls.append(len(messages))
+        return real(messages)
+
+    monkeypatch.setattr(lifecycle, "ack_leased", counting)
+    return calls
+
+
+def test_atomic_handlers_share_a_commit_and_a_failure_rolls_back_only_its_own_work(
+    committed, ack_calls
+):
+    messages = enqueue_many([{"payload": {}}] * 9, topic="test.batch")
+    failing = enqueue("test.batch", {"do": "fail"})
+    with running_worker(concurrency=1, batch_size=20, poll_interval=0.1):
+        wait_until(lambda: not Message.objects.exists(), message="every message, one retried")
+    assert not DeadLetter.objects.exists()
+    rows = list(Handled.objects.values_list("message_id", "attempt"))
+    assert sorted(rows) == sorted([(m.pk, 1) for m in messages] + [(failing.pk, 2)])
+    # The failed attempt's on_commit callback was discarded with its savepoint.
+    assert sorted(committed) == sorted([m.pk for m in messages] + [failing.pk])
+    assert ack_calls[0] == 9, f"one shared transaction for the first 10: {ack_calls}"
+
+
+def test_a_handler_that_breaks_the_transaction_and_swallows_the_error_fails_alone(committed):
+    messages = enqueue_many([{"payload": {}}] * 4, topic="test.batch")
+    broken = enqueue("test.batch", {"do": "swallow"})
+    later = enqueue_many([{"payload": {}}] * 4, topic="test.batch")
+    with running_worker(concurrency=1, batch_size=20, poll_interval=0.1):
+        wait_until(lambda: not Message.objects.exists(), message="every message, one retried")
+    counts = handled_ids()
+    assert set(counts.values()) == {1}
+    assert set(counts) == {m.pk for m in messages + later} | {broken.pk}
+    assert Handled.objects.get(message_id=broken.pk).attempt == 2
+
+
+def test_a_lost_lease_rolls_the_batch_back_and_the_others_run_again_alone(committed):
+    before = enqueue_many([{"payload": {}}] * 3, topic="test.batch")
+    stolen = enqueue("test.batch", {"do": "steal"})
+    after = enqueue_many([{"payload": {}}] * 3, topic="test.batch")
+    Worker(concurrency=1, batch_size=20, max_messages=7, burst=True).run()
+    others = {m.pk for m in before + after}
+    assert handled_ids() == dict.fromkeys(others, 1), "each other message's writes once"
+    assert sorted(committed) == sorted(others)
+    # The stolen message's writes rolled back; it stays leased to "someone else".
+    row = Message.objects.get(pk=stolen.pk)
+    assert row.status == Status.PROCESSING and stolen.pk not in handled_ids()
+
+
+def test_a_timed_out_handler_does_not_hold_the_batch_it_shares_hostage():
+    done_first = enqueue_many([{"payload": {}}] * 2, topic="test.batch_timeout")
+    sleeper = enqueue("test.batch_timeout", {"sleep": 5})
+    with running_worker(concurrency=1, batch_size=20, poll_interval=0.1):
+        wait_until(
+            lambda: len(handled_ids()) == 3 and not Message.objects.exists(),
+            timeout=15,
+            message="the batch's other messages and the retried sleeper",
+        )
+    assert handled_ids() == dict.fromkeys([m.pk for m in done_first] + [sleeper.pk], 1)
+    assert Handled.objects.get(message_id=sleeper.pk).attempt == 2
+
+
+def test_prefetched_messages_are_handed_back_at_once_on_stop():
+    first = enqueue("test.sleep", {"seconds": 0.6})
+    rest = enqueue_many([{"payload": {"seconds": 0.6}}] * 6, topic="test.sleep")
+    with running_worker(concurrency=1, batch_size=7, poll_interval=0.1, shutdown_timeout=10):
+        wait_until(lambda: Handled.objects.filter(message_id=first.pk).exists())
+    handled = set(handled_ids())
+    waiting = Message.objects.filter(status=Status.WAITING)
+    assert waiting.count() == 7 - len(handled) >= 4, "the prefetched ones were not run"
+    assert set(waiting.values_list("attempts", flat=True)) == {0}
+    assert {m.pk for m in waiting} == {m.pk for m in [first, *rest]} - handled

@@ -104,6 +104,53 @@ async def test_async(message):
     await sync_to_async(record)(message)
 
 
+# Atomic batches (several handlers share a transaction): what each one leaves.
+COMMITTED = []  # message ids whose on_commit callback ran (in-process tests)
+
+
+@handler("test.batch", backoff_base=0.05, backoff_cap=0.1)
+def test_batch(message):
+    """Records, registers an on_commit callback, then: payload "fail" raises
+    after the write; "swallow" breaks the transaction with bad SQL and
+    swallows the error; "steal" takes its own lease away (as a rescue and
+    another worker's claim would) before returning; "sleep" sleeps."""
+    from django.db import connection, transaction
+
+    record(message)
+    transaction.on_commit(lambda: COMMITTED.append(message.pk))
+    action = message.payload.get("do")
+    if action == "fail" and message.attempts == 1:
+        raise RuntimeError("failed after writing")
+    if action == "swallow" and message.attempts == 1:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT no_such_column FROM demo_handled")
+        except Exception:
+            pass
+    if action == "steal":
+        import psycopg
+
+        params = connection.get_connection_params()
+        params.pop("cursor_factory", None)
+        params.pop("context", None)
+        with psycopg.connect(**params, autocommit=True) as other:
+            other.execute(
+                "UPDATE django_pgqueue_message SET lease_token = gen_random_uuid() WHERE id = %s",
+                [message.pk],
+            )
+    if action == "sleep":
+        time.sleep(message.payload["seconds"])
+
+
+@handler("test.batch_timeout", timeout=0.5, backoff_base=0.05, backoff_cap=0.1)
+def test_batch_timeout(message):
+    """Records; on its first attempt, sleeps payload["sleep"] seconds (past
+    its timeout when asked)."""
+    record(message)
+    if message.attempts == 1:
+        time.sleep(message.payload.get("sleep", 0))
+
+
 # --- for benchmarks/ ------------------------------------------------------------
 
 

@@ -20,7 +20,7 @@ from django.db import DatabaseError, OperationalError
 from django.utils import timezone
 
 from django_pgqueue import conf, stats
-from django_pgqueue.management.options import positive_int
+from django_pgqueue.management.options import non_negative_int, positive_int
 from django_pgqueue.models import DeadLetterState
 
 STATES = (stats.READY, stats.DELAYED, stats.PROCESSING)
@@ -50,16 +50,6 @@ WORKER_COLUMNS = (
     ("INFLIGHT", 8, ">"),
     ("PROCESSED", 9, ">"),
 )
-
-
-def count(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be zero or more, not {value}")
-    return value
 
 
 def seconds(text):
@@ -105,7 +95,7 @@ class Command(BaseCommand):
         thresholds = parser.add_argument_group("thresholds (exit status 1 when one is crossed)")
         thresholds.add_argument(
             "--max-ready",
-            type=count,
+            type=non_negative_int,
             metavar="N",
             help="more than N ready messages in any one queue",
         )
@@ -117,7 +107,7 @@ class Command(BaseCommand):
         )
         thresholds.add_argument(
             "--max-dead-letters",
-            type=count,
+            type=non_negative_int,
             metavar="N",
             help="more than N dead letters in state new",
         )

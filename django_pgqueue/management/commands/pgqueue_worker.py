@@ -12,7 +12,7 @@ from django.db import connections
 
 from django_pgqueue import conf
 from django_pgqueue.health import WorkerHealthServer
-from django_pgqueue.management.options import positive_int
+from django_pgqueue.management.options import non_negative_int, positive_int
 from django_pgqueue.metrics import WorkerMetrics
 from django_pgqueue.worker import Worker
 
@@ -85,7 +85,15 @@ class Command(BaseCommand):
             "--batch-size",
             type=positive_int,
             default=None,
-            help="most messages claimed in one transaction (default: the concurrency)",
+            help="most messages claimed in one transaction, and run by one handler thread in "
+            "one shared transaction for atomic handlers (default: 4 x the concurrency)",
+        )
+        parser.add_argument(
+            "--prefetch",
+            type=non_negative_int,
+            default=None,
+            help="messages claimed ahead of the running ones, so claims stay batches while "
+            "every thread is busy; handed back at shutdown (default: the batch size)",
         )
         parser.add_argument("--burst", action="store_true", help="exit 0 when no message is ready")
         parser.add_argument(
@@ -152,6 +160,7 @@ class Command(BaseCommand):
             queues=options["queues"],
             concurrency=options["concurrency"],
             batch_size=options["batch_size"],
+            prefetch=options["prefetch"],
             burst=options["burst"],
             max_messages=options["max_messages"],
             shutdown_timeout=options["shutdown_timeout"],
