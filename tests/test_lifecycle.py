@@ -364,3 +364,21 @@ def test_probe_reports_the_next_due_message_and_expired_leases(make_message):
     found = lifecycle.probe(["default"])
     assert found.ready and found.lease_expired
     assert Message.objects.filter(~Q(status=Status.WAITING)).count() == 1
+
+
+def test_the_queue_tables_carry_their_autovacuum_settings():
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT relname, reloptions FROM pg_class "
+            "WHERE relname IN ('django_pgqueue_message', 'django_pgqueue_deadletter')"
+        )
+        options = {name: set(opts or ()) for name, opts in cursor.fetchall()}
+    assert {
+        "autovacuum_vacuum_scale_factor=0",
+        "autovacuum_vacuum_threshold=5000",
+        "autovacuum_vacuum_cost_delay=0",
+        "fillfactor=90",
+    } <= options["django_pgqueue_message"]
+    assert "autovacuum_vacuum_insert_threshold=50000" in options["django_pgqueue_deadletter"]
