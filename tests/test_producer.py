@@ -331,3 +331,26 @@ def test_using_names_the_callers_alias():
         message = enqueue("same", {}, using="other")
         assert message.pk is not None
     assert Message.objects.using("other").filter(pk=message.pk).exists()
+
+
+@pytest.mark.django_db
+def test_the_returned_messages_carry_the_stored_timestamps():
+    import datetime as dt
+
+    at = timezone.now() + dt.timedelta(hours=2)
+    plain, delayed, scheduled = enqueue_many(
+        [{"payload": {}}, {"payload": {}, "delay": 90.5}, {"payload": {}, "run_at": at}],
+        topic="stamps",
+    )
+    keyed = enqueue("stamps", {}, dedup_key="k", delay=dt.timedelta(minutes=1))
+    for message in (plain, delayed, scheduled, keyed):
+        stored = Message.objects.get(pk=message.pk)
+        assert (message.run_at, message.created_at, message.updated_at) == (
+            stored.run_at,
+            stored.created_at,
+            stored.updated_at,
+        )
+        assert message.run_at.tzinfo is not None
+    assert scheduled.run_at == at
+    # run_at counts from the transaction's start, created_at is the statement's time.
+    assert 90 < (delayed.run_at - delayed.created_at).total_seconds() <= 90.5
