@@ -131,6 +131,7 @@ def claim(queues, limit, worker_id, lease_seconds, now=None):
     using = alias()
     token = uuid.uuid4()
     with transaction.atomic(using=using):
+        _commit_without_waiting_for_disk(using)
         messages = []
         # One ordered index scan per queue (an IN list over several queues
         # cannot use the index order and would sort every waiting row): the
@@ -172,6 +173,16 @@ def claim(queues, limit, worker_id, lease_seconds, now=None):
                 extra=_log_extra(message, state="claimed", worker=worker_id),
             )
     return messages
+
+
+def _commit_without_waiting_for_disk(using):
+    """Inside a transaction that only moves leases: let its COMMIT return
+    before the WAL reaches the disk (about a millisecond less per claim).
+    Safe: if the server crashed and lost such a commit, the message would
+    simply be waiting again, and any later durable commit (a handler's, an
+    acknowledgement's) flushes the WAL up to it first."""
+    with connections[using].cursor() as cursor:
+        cursor.execute("SET LOCAL synchronous_commit = off")
 
 
 def _leased(message, using):
