@@ -19,13 +19,16 @@ rescued message, and a rescue never overwrites a finished one.
 """
 
 import datetime
+import functools
 import json
 import logging
 import uuid
 from dataclasses import dataclass
 
 from django.db import connections, transaction
-from django.db.models import F, QuerySet, Value
+from django.db.models import DateTimeField, F, QuerySet, Value
+from django.db.models.base import ModelState
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce, Greatest, Now
 from django.utils import timezone
 
@@ -122,48 +125,33 @@ def _log_lease_lost(message, what):
 def claim(queues, limit, worker_id, lease_seconds, now=None):
     """Lease up to ``limit`` ready messages of ``queues`` to ``worker_id``.
 
-    One transaction: SELECT ... FOR UPDATE SKIP LOCKED in claim order
-    (priority, run_at, id; queues in the order given), so concurrent workers
-    never wait for each other and never take the same row; then one UPDATE
-    that sets the lease, a fresh fencing token and counts the attempt.
-    Returns the messages as leased.
+    One statement per queue (queues in the order given, until ``limit``):
+    an UPDATE that sets the lease, a fresh fencing token and counts the
+    attempt, of the rows picked by the ORM's
+    ``select_for_update(skip_locked=True)`` in claim order (priority, run_at,
+    id), returning them. Concurrent workers never wait for each other and
+    never take the same row. Returns the messages as leased, in claim order.
     """
     using = alias()
+    connection = connections[using]
     token = uuid.uuid4()
-    with transaction.atomic(using=using):
-        _commit_without_waiting_for_disk(using)
-        messages = []
-        # One ordered index scan per queue (an IN list over several queues
-        # cannot use the index order and would sort every waiting row): the
-        # queues are served in the order given.
-        for name in queues:
-            messages += (
-                Message.objects.using(using)
-                .select_for_update(skip_locked=True)
-                .filter(status=Status.WAITING, queue=name, run_at__lte=now or Now())
-                .order_by("-priority", "run_at", "id")[: limit - len(messages)]
-            )
-            if len(messages) >= limit:
-                break
-        if not messages:
-            return []
-        Message.objects.using(using).filter(pk__in=[m.pk for m in messages]).update(
-            status=Status.PROCESSING,
-            attempts=F("attempts") + 1,
-            lease_token=token,
-            lease_expires_at=_lease_expiry(lease_seconds, now),
-            locked_by=worker_id,
-            updated_at=now or Now(),
-        )
-    expires = (now or timezone.now()) + datetime.timedelta(seconds=lease_seconds)
-    log = logger.isEnabledFor(logging.INFO)  # the claim is the hot path: no idle work
-    for message in messages:
-        message.status = Status.PROCESSING
-        message.attempts += 1
-        message.lease_token = token
-        message.lease_expires_at = expires
-        message.locked_by = worker_id
-        if log:
+    messages = []
+    # One ordered index scan per queue (an IN list over several queues
+    # cannot use the index order and would sort every waiting row).
+    for name in queues:
+        sql, params = claim_statement(using, name, limit - len(messages), worker_id, now)
+        params[1:3] = [token, lease_seconds]
+        with connection.cursor() as cursor:
+            cursor.execute(ASYNC_COMMIT_SQL + sql, params)
+            cursor.nextset()  # past the SET LOCAL, to the UPDATE's rows
+            rows = cursor.fetchall()
+        found = [_message_from_row(row, using, connection) for row in rows]
+        found.sort(key=_claim_order)
+        messages += found
+        if len(messages) >= limit:
+            break
+    if messages and logger.isEnabledFor(logging.INFO):  # the hot path: no idle work
+        for message in messages:
             logger.info(
                 "Message id=%s topic=%s attempt=%s claimed by %s",
                 message.pk,
@@ -175,14 +163,85 @@ def claim(queues, limit, worker_id, lease_seconds, now=None):
     return messages
 
 
-def _commit_without_waiting_for_disk(using):
-    """Inside a transaction that only moves leases: let its COMMIT return
-    before the WAL reaches the disk (about a millisecond less per claim).
-    Safe: if the server crashed and lost such a commit, the message would
-    simply be waiting again, and any later durable commit (a handler's, an
-    acknowledgement's) flushes the WAL up to it first."""
-    with connections[using].cursor() as cursor:
-        cursor.execute("SET LOCAL synchronous_commit = off")
+# The claim in one round trip: ASYNC_COMMIT_SQL and the UPDATE run as one
+# implicit transaction (two statements in one simple query). The rows come
+# from the ORM's select_for_update(skip_locked=True) queryset, compiled once
+# per limit into the IN (...) subquery; "clock" is the database's now()
+# unless the caller gives one.
+CLAIM_SQL = """
+WITH clock AS (SELECT COALESCE(%s::timestamptz, now()) AS now)
+UPDATE {table} AS m SET status = 'processing', attempts = m.attempts + 1, lease_token = %s,
+    lease_expires_at = clock.now + make_interval(secs => %s), locked_by = %s,
+    updated_at = clock.now
+FROM clock
+WHERE m.id IN ({pick})
+RETURNING {columns}
+"""
+
+# A claim's commit need not wait for the WAL to reach the disk (about a
+# millisecond less per claim). Safe: had the server crashed and lost such a
+# commit, the message would simply be waiting again, and any later durable
+# commit (a handler's, an acknowledgement's) flushes the WAL up to it first.
+ASYNC_COMMIT_SQL = "SET LOCAL synchronous_commit = off;"
+
+_CLAIM_FIELDS = list(Message._meta.concrete_fields)
+_QUEUE_SENTINEL = "\x00queue"  # no queue name can contain NUL
+
+
+def claim_statement(using, queue, limit, worker_id, now=None, lease_seconds=60):
+    """The claim's UPDATE for one queue and its parameters (also for EXPLAIN)."""
+    sql, pick_params = _claim_sql(using, limit)
+    params = [now, None, lease_seconds, worker_id]
+    params += [queue if p == _QUEUE_SENTINEL else p for p in pick_params]
+    return sql, params
+
+
+@functools.lru_cache(maxsize=256)
+def _claim_sql(using, limit):
+    """The claim statement for ``limit`` rows, and its subquery's parameters
+    (the queue name as _QUEUE_SENTINEL)."""
+    connection = connections[using]
+    pick = (
+        Message.objects.using(using)
+        .select_for_update(skip_locked=True)
+        .filter(status=Status.WAITING, queue=_QUEUE_SENTINEL)
+        .filter(run_at__lte=RawSQL("(SELECT now FROM clock)", (), output_field=DateTimeField()))
+        .order_by("-priority", "run_at", "id")
+        .values("pk")[:limit]
+    )
+    # select_for_update compiles only inside a transaction; nothing runs here.
+    with transaction.atomic(using=using):
+        pick_sql, pick_params = pick.query.get_compiler(using=using).as_sql()
+    quote = connection.ops.quote_name
+    sql = CLAIM_SQL.format(
+        table=quote(Message._meta.db_table),
+        pick=pick_sql,
+        columns=", ".join(f"m.{quote(field.column)}" for field in _CLAIM_FIELDS),
+    )
+    return sql, tuple(pick_params)
+
+
+_JSON_FIELDS = [
+    (field.attname, field) for field in _CLAIM_FIELDS if field.get_internal_type() == "JSONField"
+]
+
+
+def _message_from_row(row, using, connection):
+    """A Message from the claim's RETURNING row, as ``Model.from_db`` would
+    build it, without ``Model.__init__`` (the claim is the hot path)."""
+    message = Message.__new__(Message)
+    values = message.__dict__
+    for field, value in zip(_CLAIM_FIELDS, row, strict=True):
+        values[field.attname] = value
+    for attname, field in _JSON_FIELDS:
+        values[attname] = field.from_db_value(values[attname], None, connection)
+    message._state = ModelState()
+    message._state.adding, message._state.db = False, using
+    return message
+
+
+def _claim_order(message):
+    return (-message.priority, message.run_at, message.pk)
 
 
 def _leased(message, using):
