@@ -33,7 +33,7 @@ from django.db.models.functions import Coalesce, Greatest, Now
 from django.utils import timezone
 
 from . import conf, policy, registry, signals
-from .models import Category, DeadLetter, Message, Status, WorkerHeartbeat
+from .models import Category, DeadLetter, Message, Status, WorkerHeartbeat, timestamp_from_text
 
 logger = logging.getLogger(__name__)
 
@@ -216,7 +216,10 @@ def _claim_sql(using, limit):
     sql = CLAIM_SQL.format(
         table=quote(Message._meta.db_table),
         pick=pick_sql,
-        columns=", ".join(f"m.{quote(field.column)}" for field in _CLAIM_FIELDS),
+        columns=", ".join(
+            f"m.{quote(field.column)}" + ("::text" if field in _TIMESTAMP_FIELDS else "")
+            for field in _CLAIM_FIELDS
+        ),
     )
     return sql, tuple(pick_params)
 
@@ -224,6 +227,9 @@ def _claim_sql(using, limit):
 _JSON_FIELDS = [
     (field.attname, field) for field in _CLAIM_FIELDS if field.get_internal_type() == "JSONField"
 ]
+# Read as text and parsed by timestamp_from_text (see there why).
+_TIMESTAMP_FIELDS = [f for f in _CLAIM_FIELDS if f.get_internal_type() == "DateTimeField"]
+_TIMESTAMP_ATTNAMES = [field.attname for field in _TIMESTAMP_FIELDS]
 
 
 def _message_from_row(row, using, connection):
@@ -235,6 +241,8 @@ def _message_from_row(row, using, connection):
         values[field.attname] = value
     for attname, field in _JSON_FIELDS:
         values[attname] = field.from_db_value(values[attname], None, connection)
+    for attname in _TIMESTAMP_ATTNAMES:
+        values[attname] = timestamp_from_text(values[attname])
     message._state = ModelState()
     message._state.adding, message._state.db = False, using
     return message

@@ -11,7 +11,6 @@ Everything is validated before anything is written: bad input raises
 """
 
 import datetime
-import functools
 import json
 import math
 import re
@@ -22,11 +21,10 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.models import Q
 from django.db.models.base import ModelState
-from django.utils.dateparse import parse_datetime
 
 from . import conf, signals
 from .exceptions import InvalidMessage
-from .models import UNFINISHED, Message, Status
+from .models import UNFINISHED, Message, Status, timestamp_from_text
 
 # One statement for one message or fifty thousand: the ORM cannot say
 # "INSERT ... ON CONFLICT (cols) WHERE <partial index predicate> DO NOTHING
@@ -234,16 +232,10 @@ def _insert_once(messages, rows, alias):
 
 
 def _saved(message, pk, run_at, created_at, alias):
-    message.pk, message.run_at = pk, _timestamp(run_at)
-    message.created_at = message.updated_at = _timestamp(created_at)  # one now()
+    message.pk, message.run_at = pk, timestamp_from_text(run_at)
+    message.created_at = message.updated_at = timestamp_from_text(created_at)  # one now()
     message.created = True
     message._state.adding, message._state.db = False, alias
-
-
-@functools.lru_cache(maxsize=256)
-def _timestamp(text):
-    """A timestamptz's text (the session's time zone is UTC) as an aware datetime."""
-    return parse_datetime(text)
 
 
 def _adopt_existing(messages, alias):

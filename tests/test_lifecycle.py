@@ -387,3 +387,13 @@ def test_the_queue_tables_carry_their_autovacuum_settings():
         "fillfactor=90",
     } <= options["django_pgqueue_message"]
     assert "autovacuum_vacuum_insert_threshold=50000" in options["django_pgqueue_deadletter"]
+
+
+def test_a_claimed_message_equals_its_row_as_the_orm_reads_it(make_message):
+    make_message(payload={"a": [1, "x"]}, headers={"h": "v"}, run_at=NOW - SECOND)
+    [claimed] = lifecycle.claim(["default"], 1, "w", 30)
+    stored = Message.objects.get(pk=claimed.pk)
+    for field in Message._meta.concrete_fields:
+        assert getattr(claimed, field.attname) == getattr(stored, field.attname), field.name
+    assert claimed.run_at.tzinfo is not None and claimed._state.db == "default"
+    assert not claimed._state.adding
