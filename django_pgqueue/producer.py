@@ -43,14 +43,17 @@ SELECT r->>0, r->>1, r->2, r->3, (r->>4)::smallint,
     (r->>7)::integer, r->>8, r->>9
 FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS input(r, n)
 ORDER BY n
-ON CONFLICT (topic, dedup_key) WHERE status IN ('waiting', 'processing') DO NOTHING
+ON CONFLICT (topic, dedup_key)
+    WHERE status IN ('waiting', 'processing') AND dedup_key IS NOT NULL DO NOTHING
 RETURNING id, topic, dedup_key, run_at::text, created_at::text
 """
 
 # Without dedup keys no row can be skipped, so the returned rows are the
 # input rows in order: fewer columns to send back and parse.
 INSERT_NO_DEDUP_SQL = INSERT_SQL.replace(
-    "ON CONFLICT (topic, dedup_key) WHERE status IN ('waiting', 'processing') DO NOTHING\n", ""
+    "ON CONFLICT (topic, dedup_key)\n"
+    "    WHERE status IN ('waiting', 'processing') AND dedup_key IS NOT NULL DO NOTHING\n",
+    "",
 ).replace("RETURNING id, topic, dedup_key,", "RETURNING id,")
 
 OPTION_NAMES = frozenset(
