@@ -132,19 +132,45 @@ def claim(queues, limit, worker_id, lease_seconds, now=None):
     id), returning them. Concurrent workers never wait for each other and
     never take the same row. Returns the messages as leased, in claim order.
     """
+    return ack_and_claim((), queues, limit, worker_id, lease_seconds, now)[1]
+
+
+def ack_and_claim(acks, queues, limit, worker_id, lease_seconds, now=None):
+    """Acknowledge ``acks`` (finished messages of atomic=False handlers, as
+    ``ack_many``) and claim (as ``claim``) in one round trip: the worker's
+    main loop does both every cycle. Returns (the acknowledged ids, the
+    claimed messages).
+
+    The acknowledgement shares the claim's asynchronous commit: after a
+    server crash it may be lost and the message delivered again, which
+    atomic=False handlers accept (at-least-once).
+    """
     using = alias()
     connection = connections[using]
     token = uuid.uuid4()
     messages = []
+    acked = set()
+    pending = list(acks)
     # One ordered index scan per queue (an IN list over several queues
     # cannot use the index order and would sort every waiting row).
     for name in queues:
         sql, params = claim_statement(using, name, limit - len(messages), worker_id, now)
         params[1:3] = [token, lease_seconds]
+        if acks:
+            sql = _ack_pairs_sql(connection) + ";" + sql
+            params = [[m.pk for m in acks], [m.lease_token for m in acks], *params]
         with connection.cursor() as cursor:
             cursor.execute(ASYNC_COMMIT_SQL + sql, params)
-            cursor.nextset()  # past the SET LOCAL, to the UPDATE's rows
+            cursor.nextset()  # past the SET LOCAL
+            if acks:
+                acked = {row[0] for row in cursor.fetchall()}
+                cursor.nextset()
             rows = cursor.fetchall()
+        acks = ()
+        for message in pending:
+            if message.pk not in acked:
+                _log_lease_lost(message, "not acknowledged")
+        pending = ()
         found = [_message_from_row(row, using, connection) for row in rows]
         found.sort(key=_claim_order)
         messages += found
@@ -160,7 +186,7 @@ def claim(queues, limit, worker_id, lease_seconds, now=None):
                 worker_id,
                 extra=_log_extra(message, state="claimed", worker=worker_id),
             )
-    return messages
+    return acked, messages
 
 
 # The claim in one round trip: ASYNC_COMMIT_SQL and the UPDATE run as one
@@ -292,10 +318,14 @@ def ack_leased(messages):
     transaction: the atomic batch compares the ids with what it expected and
     rolls back when a lease was lost."""
     connection = connections[alias()]
-    sql = ACK_PAIRS_SQL.format(table=connection.ops.quote_name(Message._meta.db_table))
+    sql = _ack_pairs_sql(connection)
     with connection.cursor() as cursor:
         cursor.execute(sql, [[m.pk for m in messages], [m.lease_token for m in messages]])
         return {row[0] for row in cursor.fetchall()}
+
+
+def _ack_pairs_sql(connection):
+    return ACK_PAIRS_SQL.format(table=connection.ops.quote_name(Message._meta.db_table))
 
 
 def _delete_leased(ids, token):

@@ -218,7 +218,8 @@ class Worker:
         while not self._stopping.is_set():
             self._loop_seen = time.monotonic()
             try:
-                self._flush_acks()
+                if not (ready_hint and self._claim_size() > 0 and not self._limit_reached()):
+                    self._flush_acks()  # else the claim below carries them
                 self._expire_timeouts()
                 if self._limit_reached() and not self._busy():
                     break
@@ -283,9 +284,21 @@ class Worker:
         asked = self._claim_size()
         if self.max_messages is not None:
             asked = min(asked, self.max_messages - self.claimed)
+        acks = self._take_unacked()
         started = time.perf_counter()
-        messages = lifecycle.claim(self.queues, asked, self.worker_id, self.lease_seconds)
+        try:
+            finished, messages = lifecycle.ack_and_claim(
+                [job.message for job in acks],
+                self.queues,
+                asked,
+                self.worker_id,
+                self.lease_seconds,
+            )
+        except BaseException:
+            self._return_unacked(acks)  # flushed again next time
+            raise
         self.metrics.claimed(len(messages), time.perf_counter() - started)
+        self._acked(acks, finished)
         self.claimed += len(messages)
         for message in messages:
             job = _Job(message=message, spec=registry.lookup(message.topic))
@@ -632,18 +645,36 @@ class Worker:
     # --- acknowledgements, timeouts -------------------------------------------
 
     def _flush_acks(self):
-        with self._lock:
-            jobs = list(self._unacked.values())
-            self._ack_due = None
+        jobs = self._take_unacked()
         if not jobs:
             return
-        finished = lifecycle.ack_many([job.message for job in jobs])
+        try:
+            finished = lifecycle.ack_many([job.message for job in jobs])
+        except BaseException:
+            self._return_unacked(jobs)
+            raise
+        self._acked(jobs, finished)
+
+    def _take_unacked(self):
+        """The finished atomic=False jobs whose acknowledgement is due."""
+        with self._lock:
+            jobs = list(self._unacked.values())
+            self._unacked.clear()
+            self._ack_due = None
+        return jobs
+
+    def _return_unacked(self, jobs):
         with self._lock:
             for job in jobs:
-                self._unacked.pop(job.message.pk, None)
+                self._unacked.setdefault(job.message.pk, job)
+            if jobs and self._ack_due is None:
+                self._ack_due = time.monotonic() + ACK_DELAY
+
+    def _acked(self, jobs, finished):
+        with self._lock:
             self.processed += len(finished)
         for job in jobs:
-            if job.message.pk in finished:
+            if job.message.pk in finished:  # lifecycle logged the others
                 self._log_done(job.message, job.duration)
 
     def _expire_timeouts(self):

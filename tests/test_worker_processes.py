@@ -110,6 +110,8 @@ def test_terminated_database_connections_are_survived_and_nothing_is_lost(start_
         if batch == 8:
             invariant = InvariantChecker(ids)
         if batch in (10, 15):
+            # The second cut waits for the worker to have reconnected.
+            wait_until(lambda: backends_of(worker), timeout=30, message="the worker to reconnect")
             with raw_connection(autocommit=True) as admin:
                 killed = [
                     row[0]
