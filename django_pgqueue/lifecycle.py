@@ -216,22 +216,31 @@ _QUEUE_SENTINEL = "\x00queue"  # no queue name can contain NUL
 
 def claim_statement(using, queue, limit, worker_id, now=None, lease_seconds=60):
     """The claim's UPDATE for one queue and its parameters (also for EXPLAIN)."""
-    sql, pick_params = _claim_sql(using, limit)
+    sql, pick_params = _claim_sql(using, limit, now is not None)
     params = [now, None, lease_seconds, worker_id]
     params += [queue if p == _QUEUE_SENTINEL else p for p in pick_params]
     return sql, params
 
 
 @functools.lru_cache(maxsize=256)
-def _claim_sql(using, limit):
+def _claim_sql(using, limit, fixed_now):
     """The claim statement for ``limit`` rows, and its subquery's parameters
-    (the queue name as _QUEUE_SENTINEL)."""
+    (the queue name as _QUEUE_SENTINEL).
+
+    Readiness is ``run_at <= statement_timestamp()`` unless the caller fixes
+    the time: the planner folds that stable function into a constant when
+    it estimates, so with few ready rows among many delayed ones it reads
+    the ready ones through the due index instead of walking every delayed
+    entry of the claim index (a subquery would hide the value from it)."""
     connection = connections[using]
+    ready_until = (
+        RawSQL("(SELECT now FROM clock)", (), output_field=DateTimeField()) if fixed_now else Now()
+    )
     pick = (
         Message.objects.using(using)
         .select_for_update(skip_locked=True)
         .filter(status=Status.WAITING, queue=_QUEUE_SENTINEL)
-        .filter(run_at__lte=RawSQL("(SELECT now FROM clock)", (), output_field=DateTimeField()))
+        .filter(run_at__lte=ready_until)
         .order_by("-priority", "run_at", "id")
         .values("pk")[:limit]
     )
