@@ -1,0 +1,78 @@
+#!/usr/bin/env python
+"""django-pgqueue's side of benchmarks/compare.py. Runs in the repo's .venv,
+in the testproject (settings from DATABASE_URL / OTHER_DATABASE_URL, DEBUG
+off), like benchmarks/throughput.py.
+
+The worker is ``testproject/manage.py pgqueue_worker`` (compare.py starts it).
+Handlers (testproject/demo/handlers.py): ``bench.noop`` (atomic=True),
+``bench.noop_nonatomic`` (atomic=False), ``bench.latency`` (saves a
+demo.Handled row first thing: its handled_at is the start). Enqueue:
+``enqueue(topic, payload)`` in autocommit (one transaction each); bulk:
+``enqueue_many(items, topic=...)``, one statement.
+"""
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import _common
+
+TESTPROJECT = Path(__file__).resolve().parents[2] / "testproject"
+TOPICS = {"atomic": "bench.noop", "nonatomic": "bench.noop_nonatomic", "latency": "bench.latency"}
+
+
+def main(argv=None):
+    args = _common.parser(__doc__.split("\n\n")[0]).parse_args(argv)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
+    sys.path.insert(0, str(TESTPROJECT))
+    import django
+
+    django.setup()
+    from django.db import connection
+
+    from django_pgqueue import conf, enqueue, enqueue_many
+
+    topic = TOPICS.get(args.variant or "atomic", args.variant)
+    if args.op == "info":
+        from importlib.metadata import version
+
+        _common.emit(
+            {
+                "versions": {n: version(n) for n in ("django-pgqueue", "django", "psycopg")},
+                "python": sys.version.split()[0],
+                "poll_interval": conf.get("POLL_INTERVAL"),
+                "heartbeat_interval": conf.get("HEARTBEAT_INTERVAL"),
+            }
+        )
+    elif args.op == "enqueue-single":
+        enqueue(topic, {"n": -1})  # warm up, not timed
+        with connection.cursor() as cursor:
+            cursor.execute("DELETE FROM django_pgqueue_message")
+
+        def run():
+            for i in range(args.n):
+                enqueue(topic, {"n": i})
+
+        _common.emit({"seconds": _common.timed(run), "n": args.n})
+    elif args.op == "enqueue-bulk":
+        items = [{"payload": {"n": i}} for i in range(args.n)]
+        _common.emit(
+            {"seconds": _common.timed(lambda: enqueue_many(items, topic=topic)), "n": args.n}
+        )
+    elif args.op == "latency-enqueue":
+        connection.ensure_connection()
+        if connection.in_atomic_block:
+            raise SystemExit("the connection is inside a transaction")
+        sent = []
+        for i in range(args.n):
+            message = enqueue(TOPICS["latency"], {"i": i})  # autocommit: committed on return
+            sent.append([str(message.pk), time.time()])
+            time.sleep(args.spacing)
+        _common.emit({"sent": sent})
+    else:
+        raise SystemExit(f"unknown op {args.op!r}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+#!/usr/bin/env python
+"""procrastinate's side of benchmarks/compare.py. Runs in benchmarks/.venvs/procrastinate.
+
+The App (bench_procrastinate_app.py) is the worker's, started with procrastinate's own
+CLI: ``procrastinate --app bench_procrastinate_app.app worker`` (this folder on
+PYTHONPATH), psycopg 3 connector (PsycopgConnector, a psycopg_pool pool).
+Tasks (async, as procrastinate recommends): ``noop`` does nothing, ``latency``
+records its start. Enqueue: ``task.defer_async(...)`` per message (one
+transaction each); bulk: ``task.batch_defer_async(*kwargs)``, one statement.
+"""
+
+import asyncio
+import sys
+import time
+
+import _common
+from bench_procrastinate_app import app, latency, noop
+
+
+async def run(args):
+    async with app.open_async():
+        if args.op == "enqueue-single":
+            await noop.defer_async(n=-1)  # warm up the pool, not timed
+            async with app.connector.pool.connection() as conn:
+                await conn.execute("DELETE FROM procrastinate_jobs")
+            started = time.perf_counter()
+            for i in range(args.n):
+                await noop.defer_async(n=i)
+            return {"seconds": time.perf_counter() - started, "n": args.n}
+        if args.op == "enqueue-bulk":
+            kwargs = [{"n": i} for i in range(args.n)]
+            started = time.perf_counter()
+            await noop.batch_defer_async(*kwargs)
+            return {"seconds": time.perf_counter() - started, "n": args.n}
+        if args.op == "latency-enqueue":
+            await app.connector.execute_query_async("SELECT 1")
+            sent = []
+            for i in range(args.n):
+                key = f"{args.prefix}{i}"
+                await latency.defer_async(key=key)
+                sent.append([key, time.time()])
+                await asyncio.sleep(args.spacing)
+            return {"sent": sent}
+    raise SystemExit(f"unknown op {args.op!r}")
+
+
+def main(argv=None):
+    args = _common.parser(__doc__.split("\n\n")[0]).parse_args(argv)
+    if args.op == "info":
+        from importlib.metadata import version
+
+        _common.emit(
+            {
+                "versions": {n: version(n) for n in ("procrastinate", "psycopg", "psycopg-pool")},
+                "python": sys.version.split()[0],
+            }
+        )
+        return
+    if args.op == "setup":
+        raise SystemExit("setup: run `procrastinate schema --apply` (compare.py does)")
+    _common.emit(asyncio.run(run(args)))
+
+
+if __name__ == "__main__":
+    main()
