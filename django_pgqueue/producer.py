@@ -153,18 +153,19 @@ def enqueue_many(messages, *, using=None, **defaults):
     if isinstance(messages, dict | str | bytes):
         raise InvalidMessage("enqueue_many() takes an iterable of dicts, one per message")
     rows = []
+    default_queue = conf.get("DEFAULT_QUEUE")  # once, not per message
     for index, item in enumerate(messages):
         if not isinstance(item, dict):
             raise InvalidMessage(
                 f"message {index}: expected a dict of enqueue() keywords, got {type(item).__name__}"
             )
-        unknown = sorted(set(item) - known)
-        if unknown:
+        if not item.keys() <= known:
+            unknown = sorted(set(item) - known)
             raise InvalidMessage(
                 f"message {index}: unknown key(s) {', '.join(unknown)}; "
                 f"known: {', '.join(sorted(known))}"
             )
-        fields = {"payload": None, **defaults, **item}
+        fields = {"payload": None, "queue": default_queue, **defaults, **item}
         if "topic" not in fields:
             raise InvalidMessage(f"message {index}: no topic (give it in the dict or as topic=)")
         try:
@@ -249,7 +250,7 @@ def _insert_once(messages, rows, alias):
 
 
 def _saved(message, pk, run_at, created_at, alias):
-    message.pk, message.run_at = pk, timestamp_from_text(run_at)
+    message.id, message.run_at = pk, timestamp_from_text(run_at)
     message.created_at = message.updated_at = timestamp_from_text(created_at)  # one now()
     message.created = True
     message._state.adding, message._state.db = False, alias
