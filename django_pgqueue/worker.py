@@ -127,6 +127,14 @@ class Worker:
         self.lease_seconds = lease_seconds or conf.get("LEASE_SECONDS")
         self.listen = conf.get("NOTIFY")
         self.heartbeat_interval = conf.get("HEARTBEAT_INTERVAL")
+        # The heartbeat thread beats only when the polls have not: later than
+        # a poll that was due could (interval + a jittered poll, with room to
+        # spare), yet within two intervals, so the row (alive for three)
+        # never goes stale while the worker polls rarely or is busy.
+        self._thread_beat_after = min(
+            max(1.5 * self.heartbeat_interval, self.heartbeat_interval + 1.5 * self.poll_interval),
+            2 * self.heartbeat_interval,
+        )
         self.hostname = socket.gethostname()
         self.worker_id = worker_id or f"{self.hostname}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.metrics = metrics or NullMetrics()
@@ -231,7 +239,7 @@ class Worker:
                     probe = probe or got < asked
                 if probe:
                     probe = False
-                    beat = self._beat() if self._beat_due(1.0) else None
+                    beat = self._beat() if self._beat_due(self.heartbeat_interval) else None
                     found = lifecycle.probe(self.queues, beat)
                     if beat is not None:
                         self._last_beat = time.monotonic()
@@ -735,7 +743,7 @@ class Worker:
                 # An idle worker's poll carries its heartbeat (when due); this
                 # thread writes one only when the polls did not, because the
                 # worker is busy or polls less often than it beats.
-                if self._beat_due(1.5):
+                if self._beat_due(self._thread_beat_after):
                     lifecycle.heartbeat(self._beat())
                     self._last_beat = time.monotonic()
                 busy = self._busy()
@@ -753,10 +761,10 @@ class Worker:
             self._heartbeat_wake.clear()
         connections.close_all()
 
-    def _beat_due(self, factor):
-        """Whether ``factor`` heartbeat intervals passed since the last beat."""
+    def _beat_due(self, seconds):
+        """Whether ``seconds`` passed since the last beat."""
         last = self._last_beat
-        return last is None or time.monotonic() - last >= self.heartbeat_interval * factor
+        return last is None or time.monotonic() - last >= seconds
 
     def _beat(self):
         with self._lock:
