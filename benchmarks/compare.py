@@ -40,6 +40,7 @@ from psycopg import sql
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
+import throughput  # noqa: E402
 from throughput import busy_percent, cpu_times, git_commit, percentile  # noqa: E402
 
 ROOT = BENCH.parent
@@ -103,18 +104,8 @@ class Proc:
         self.hwm_kib = 0
         threading.Thread(target=self._sample_hwm, daemon=True).start()
 
-    def _sample_hwm(self):
-        path = f"/proc/{self.pid}/status"
-        while self.returncode is None:
-            try:
-                with open(path) as f:
-                    for line in f:
-                        if line.startswith("VmHWM:"):
-                            self.hwm_kib = max(self.hwm_kib, int(line.split()[1]))
-                            break
-            except (OSError, ValueError):
-                return
-            time.sleep(0.02)
+    # VmHWM sampled while it runs, as throughput.py's workers do.
+    _sample_hwm = throughput.WorkerProcess._sample_hwm
 
     def poll(self):
         if self.returncode is None and self.proc.poll() is not None:
