@@ -154,11 +154,13 @@ def ack_and_claim(acks, queues, limit, worker_id, lease_seconds, now=None):
     # One ordered index scan per queue (an IN list over several queues
     # cannot use the index order and would sort every waiting row).
     for name in queues:
-        sql, params = claim_statement(using, name, limit - len(messages), worker_id, now)
-        params[1:3] = [token, lease_seconds]
+        sql, claim_params = claim_statement(using, name, limit - len(messages), worker_id, now)
+        claim_params[1:3] = [token, lease_seconds]
+        params = claim_params
         if acks:
             sql = _ack_pairs_sql(connection) + ";" + sql
-            params = [[m.pk for m in acks], [m.lease_token for m in acks], *params]
+            ids = _array_literal(m.pk for m in acks)
+            params = [ids, _array_literal(m.lease_token for m in acks), *claim_params]
         with connection.cursor() as cursor:
             cursor.execute(ASYNC_COMMIT_SQL + sql, params)
             cursor.nextset()  # past the SET LOCAL
@@ -331,6 +333,12 @@ def ack_leased(messages):
     with connection.cursor() as cursor:
         cursor.execute(sql, [[m.pk for m in messages], [m.lease_token for m in messages]])
         return {row[0] for row in cursor.fetchall()}
+
+
+def _array_literal(values):
+    """``{a,b,c}`` for ids and UUIDs (no quoting needed): far cheaper than
+    letting the driver quote a Python list element by element."""
+    return "{" + ",".join(map(str, values)) + "}"
 
 
 def _ack_pairs_sql(connection):

@@ -410,10 +410,15 @@ class Worker:
             _log_lease_lost_before_commit(job)
             outcome = LOST
         except BaseException as exc:  # noqa: BLE001  (a handler may raise anything)
-            _drop_broken_connections()  # record the failure on a working connection
-            outcome = LOST if job.abandoned else self._record_failure(job, exc)
-        finally:
+            # Record the failure on a working connection, and leave one behind.
+            # (A success leaves its connection as it is: looking costs more
+            # than a no-op handler, and a connection broken without an error
+            # reaching us fails the next handler, which replaces it.)
             _drop_broken_connections()
+            try:
+                outcome = LOST if job.abandoned else self._record_failure(job, exc)
+            finally:
+                _drop_broken_connections()
         self._finished(job, outcome)
 
     def _finished(self, job, outcome):
