@@ -68,6 +68,12 @@ ON CONFLICT (topic, dedup_key)
 RETURNING id, topic, dedup_key, run_at::text, created_at::text
 """
 
+INSERT_ONE_NO_DEDUP_SQL = INSERT_ONE_SQL.replace(
+    "ON CONFLICT (topic, dedup_key)\n"
+    "    WHERE status IN ('waiting', 'processing') AND dedup_key IS NOT NULL DO NOTHING\n",
+    "",
+).replace("RETURNING id, topic, dedup_key,", "RETURNING id,")
+
 OPTION_NAMES = frozenset(
     {
         "delay",
@@ -220,7 +226,8 @@ def _insert_once(messages, rows, alias):
     dedup = any(row.dedup_key is not None for row in rows)
     table = connection.ops.quote_name(Message._meta.db_table)
     if len(rows) == 1:
-        sql, params, dedup = INSERT_ONE_SQL.format(table=table), rows[0].values(), True
+        sql = (INSERT_ONE_SQL if dedup else INSERT_ONE_NO_DEDUP_SQL).format(table=table)
+        params = rows[0].values()
     else:
         sql = (INSERT_SQL if dedup else INSERT_NO_DEDUP_SQL).format(table=table)
         params = ["[" + ",".join(row.as_json() for row in rows) + "]"]
