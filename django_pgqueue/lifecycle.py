@@ -159,8 +159,7 @@ def ack_and_claim(acks, queues, limit, worker_id, lease_seconds, now=None):
         params = claim_params
         if acks:
             sql = _ack_pairs_sql(connection) + ";" + sql
-            ids = _array_literal(m.pk for m in acks)
-            params = [ids, _array_literal(m.lease_token for m in acks), *claim_params]
+            params = [*_ack_params(acks), *claim_params]
         with connection.cursor() as cursor:
             cursor.execute(ASYNC_COMMIT_SQL + sql, params)
             cursor.nextset()  # past the SET LOCAL
@@ -310,13 +309,11 @@ def ack(message):
 
 
 def ack_many(messages):
-    """Finish many messages, one DELETE per claim batch (non-atomic handlers).
+    """Finish many messages (non-atomic handlers) in one DELETE.
 
     Returns the ids that were still held by their lease and are now finished.
     """
-    finished = set()
-    for token, batch in _by_token(messages).items():
-        finished |= _delete_leased([m.pk for m in batch], token)
+    finished = ack_leased(messages)  # one statement, whatever the claims
     for message in messages:
         if message.pk not in finished:
             _log_lease_lost(message, "not acknowledged")
@@ -331,14 +328,18 @@ def ack_leased(messages):
     connection = connections[alias()]
     sql = _ack_pairs_sql(connection)
     with connection.cursor() as cursor:
-        cursor.execute(sql, [[m.pk for m in messages], [m.lease_token for m in messages]])
+        cursor.execute(sql, _ack_params(messages))
         return {row[0] for row in cursor.fetchall()}
 
 
-def _array_literal(values):
-    """``{a,b,c}`` for ids and UUIDs (no quoting needed): far cheaper than
-    letting the driver quote a Python list element by element."""
-    return "{" + ",".join(map(str, values)) + "}"
+def _ack_params(messages):
+    """ACK_PAIRS_SQL's arrays as literals, ``{a,b,c}`` (ids and UUIDs need no
+    quoting): far cheaper than letting the driver quote lists element by
+    element."""
+    return [
+        "{" + ",".join(str(m.pk) for m in messages) + "}",
+        "{" + ",".join(str(m.lease_token) for m in messages) + "}",
+    ]
 
 
 def _ack_pairs_sql(connection):

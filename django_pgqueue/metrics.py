@@ -243,6 +243,3 @@ class NullMetrics:
 
     def track_inflight(self, count):
         pass
-
-    def close(self):
-        pass

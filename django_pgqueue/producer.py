@@ -35,44 +35,35 @@ from .models import UNFINISHED, Message, Status, timestamp_from_text
 # which is how the returned rows are matched back to the input. Columns left
 # out take their db_default. Timestamps come back as text: they repeat (one
 # now() per statement), and parsing each distinct one once is far cheaper.
-INSERT_SQL = """
-INSERT INTO {table}
-    (queue, topic, payload, headers, priority, run_at, max_attempts, dedup_key, group_key)
-SELECT r->>0, r->>1, r->2, r->3, (r->>4)::smallint,
+_COLUMNS = "(queue, topic, payload, headers, priority, run_at, max_attempts, dedup_key, group_key)"
+_FROM_DOCUMENT = """SELECT r->>0, r->>1, r->2, r->3, (r->>4)::smallint,
     COALESCE((r->>5)::timestamptz, now() + make_interval(secs => (r->>6)::float8)),
     (r->>7)::integer, r->>8, r->>9
 FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS input(r, n)
-ORDER BY n
-ON CONFLICT (topic, dedup_key)
-    WHERE status IN ('waiting', 'processing') AND dedup_key IS NOT NULL DO NOTHING
-RETURNING id, topic, dedup_key, run_at::text, created_at::text
-"""
-
-# Without dedup keys no row can be skipped, so the returned rows are the
-# input rows in order: fewer columns to send back and parse.
-INSERT_NO_DEDUP_SQL = INSERT_SQL.replace(
-    "ON CONFLICT (topic, dedup_key)\n"
-    "    WHERE status IN ('waiting', 'processing') AND dedup_key IS NOT NULL DO NOTHING\n",
-    "",
-).replace("RETURNING id, topic, dedup_key,", "RETURNING id,")
-
+ORDER BY n"""
 # One message: plain VALUES (no JSON document to take apart), about a quarter
 # faster per call, which is what one-message-per-transaction callers pay.
-INSERT_ONE_SQL = """
-INSERT INTO {table}
-    (queue, topic, payload, headers, priority, run_at, max_attempts, dedup_key, group_key)
-VALUES (%s, %s, %s::jsonb, %s::jsonb, %s,
-    COALESCE(%s::timestamptz, now() + make_interval(secs => %s)), %s, %s, %s)
-ON CONFLICT (topic, dedup_key)
-    WHERE status IN ('waiting', 'processing') AND dedup_key IS NOT NULL DO NOTHING
-RETURNING id, topic, dedup_key, run_at::text, created_at::text
-"""
+_VALUES = """VALUES (%s, %s, %s::jsonb, %s::jsonb, %s,
+    COALESCE(%s::timestamptz, now() + make_interval(secs => %s)), %s, %s, %s)"""
+_SKIP_DEDUP = """ON CONFLICT (topic, dedup_key)
+    WHERE status IN ('waiting', 'processing') AND dedup_key IS NOT NULL DO NOTHING"""
 
-INSERT_ONE_NO_DEDUP_SQL = INSERT_ONE_SQL.replace(
-    "ON CONFLICT (topic, dedup_key)\n"
-    "    WHERE status IN ('waiting', 'processing') AND dedup_key IS NOT NULL DO NOTHING\n",
-    "",
-).replace("RETURNING id, topic, dedup_key,", "RETURNING id,")
+
+def _insert_sql(source, dedup):
+    """The INSERT of ``source`` rows. Without dedup keys no row can be
+    skipped: the returned rows are the input rows in order, so neither the
+    ON CONFLICT nor the columns that match rows back are needed."""
+    if dedup:
+        skip, returning = f"{_SKIP_DEDUP}\n", "id, topic, dedup_key, run_at::text, created_at::text"
+    else:
+        skip, returning = "", "id, run_at::text, created_at::text"
+    return f"INSERT INTO {{table}} {_COLUMNS}\n{source}\n{skip}RETURNING {returning}"
+
+
+INSERT_SQL = _insert_sql(_FROM_DOCUMENT, dedup=True)
+INSERT_NO_DEDUP_SQL = _insert_sql(_FROM_DOCUMENT, dedup=False)
+INSERT_ONE_SQL = _insert_sql(_VALUES, dedup=True)
+INSERT_ONE_NO_DEDUP_SQL = _insert_sql(_VALUES, dedup=False)
 
 OPTION_NAMES = frozenset(
     {
