@@ -266,26 +266,28 @@ _JSON_FIELDS = [
 # Read as text and parsed by timestamp_from_text (see there why).
 _TIMESTAMP_FIELDS = [f for f in _CLAIM_FIELDS if f.get_internal_type() == "DateTimeField"]
 _TIMESTAMP_ATTNAMES = [field.attname for field in _TIMESTAMP_FIELDS]
+_CLAIM_ATTNAMES = [field.attname for field in _CLAIM_FIELDS]
 
 
 def _message_from_row(row, using, connection):
     """A Message from the claim's RETURNING row, as ``Model.from_db`` would
     build it, without ``Model.__init__`` (the claim is the hot path)."""
     message = Message.__new__(Message)
-    values = message.__dict__
-    for field, value in zip(_CLAIM_FIELDS, row, strict=True):
-        values[field.attname] = value
+    values = dict(zip(_CLAIM_ATTNAMES, row, strict=True))
     for attname, field in _JSON_FIELDS:
-        values[attname] = field.from_db_value(values[attname], None, connection)
+        text = values[attname]
+        # What JSONField.from_db_value does, minus its checks for key lookups.
+        values[attname] = json.loads(text, cls=field.decoder) if text is not None else None
     for attname in _TIMESTAMP_ATTNAMES:
         values[attname] = timestamp_from_text(values[attname])
-    message._state = ModelState()
-    message._state.adding, message._state.db = False, using
+    state = values["_state"] = ModelState()
+    state.adding, state.db = False, using
+    message.__dict__ = values
     return message
 
 
 def _claim_order(message):
-    return (-message.priority, message.run_at, message.pk)
+    return (-message.priority, message.run_at, message.id)
 
 
 def _leased(message, using):
@@ -312,23 +314,32 @@ def ack_many(messages):
     """Finish many messages (non-atomic handlers) in one DELETE.
 
     Returns the ids that were still held by their lease and are now finished.
+    Outside a transaction its commit, like the claim's, does not wait for the
+    WAL to reach the disk: a lost acknowledgement only means the message runs
+    again, which atomic=False handlers accept.
     """
-    finished = ack_leased(messages)  # one statement, whatever the claims
+    async_commit = not connections[alias()].in_atomic_block
+    finished = ack_leased(messages, async_commit)  # one statement, whatever the claims
     for message in messages:
         if message.pk not in finished:
             _log_lease_lost(message, "not acknowledged")
     return finished
 
 
-def ack_leased(messages):
+def ack_leased(messages, async_commit=False):
     """Delete each of ``messages`` whose lease (its own token) still holds it,
     in one statement; returns the ids deleted. Inside the caller's
     transaction: the atomic batch compares the ids with what it expected and
-    rolls back when a lease was lost."""
+    rolls back when a lease was lost. ``async_commit`` (autocommit only):
+    the statement's commit does not wait for the WAL flush."""
     connection = connections[alias()]
     sql = _ack_pairs_sql(connection)
     with connection.cursor() as cursor:
-        cursor.execute(sql, _ack_params(messages))
+        if async_commit:
+            cursor.execute(ASYNC_COMMIT_SQL + sql, _ack_params(messages))
+            cursor.nextset()  # past the SET LOCAL
+        else:
+            cursor.execute(sql, _ack_params(messages))
         return {row[0] for row in cursor.fetchall()}
 
 

@@ -70,7 +70,58 @@ ROLLBACK_SAVEPOINT_SQL = "ROLLBACK TO SAVEPOINT pgqueue_job"
 
 
 class _LeaseLost(Exception):
-    """The acknowledgement found the lease gone: roll the handler back."""
+    """The handler's lease is gone: roll its work back."""
+
+
+class _BatchRolledBack(Exception):
+    """Roll the whole atomic batch back; its other jobs run again alone."""
+
+
+class _HandlerSavepoint:
+    """An execute wrapper on the queue's connection while an atomic batch
+    runs: just before the running handler's first query it opens the
+    handler's savepoint (releasing the previous handler's, in the same round
+    trip). A handler that runs no query through Django (it calls an API,
+    sends an email) costs no round trip, and has nothing to undo.
+
+    Queries sent around Django (the driver's connection, ``callproc``,
+    ``copy``) open no savepoint: a handler must not fail after writing that
+    way. A failure that left the transaction broken with no savepoint to
+    return to rolls the whole batch back (``_BatchRolledBack``)."""
+
+    def __init__(self, connection):
+        self.connection = connection
+        self.armed = False  # a handler is running
+        self.placed = False  # the running handler's savepoint is open
+        self.exists = False  # some savepoint is open in this transaction
+
+    def __call__(self, execute, sql, params, many, context):
+        if self.armed and not self.placed:
+            self._open()
+        return execute(sql, params, many, context)
+
+    def arm(self):
+        self.armed, self.placed = True, False
+
+    def disarm(self):
+        self.armed = False
+
+    def _open(self):
+        self.armed = False  # if the savepoint fails, the batch rolls back
+        _execute_raw(self.connection, NEXT_SAVEPOINT_SQL if self.exists else SAVEPOINT_SQL)
+        self.exists = self.placed = self.armed = True
+
+    def rollback(self):
+        """Undo the running handler's writes; without its savepoint there is
+        nothing to undo unless the transaction broke (the whole batch then
+        rolls back)."""
+        was_armed, self.armed = self.armed, False
+        if self.placed:
+            _execute_raw(self.connection, ROLLBACK_SAVEPOINT_SQL)
+        elif not was_armed or _transaction_failed(self.connection):
+            # Not armed: opening the savepoint failed, the previous one is
+            # not this handler's to return to.
+            raise _BatchRolledBack
 
 
 DONE, ACK_PENDING, FAILED, LOST = "done", "ack_pending", "failed", "lost"
@@ -151,6 +202,7 @@ class Worker:
         self._inflight = {}  # message id -> _Job whose handler runs
         self._unacked = {}  # message id -> _Job done, acknowledgement not yet flushed
         self._ack_due = None  # time.monotonic() by which the unacked must be flushed
+        self._acking = 0  # acknowledgements a handler thread is sending
         self._queued = 0  # jobs in _inflight that no thread has taken yet
         self._pool = None
         self._threads = []
@@ -308,11 +360,12 @@ class Worker:
         self.metrics.claimed(len(messages), time.perf_counter() - started)
         self._acked(acks, finished)
         self.claimed += len(messages)
-        for message in messages:
-            job = _Job(message=message, spec=registry.lookup(message.topic))
-            with self._lock:
-                self._inflight[message.pk] = job
-                self._queued += 1
+        jobs = [_Job(message=message, spec=registry.lookup(message.topic)) for message in messages]
+        with self._lock:  # all in flight before any thread starts (an atomic batch sees them)
+            for job in jobs:
+                self._inflight[job.message.id] = job
+            self._queued += len(jobs)
+        for job in jobs:
             self._pool.submit(job)
         return asked, len(messages)
 
@@ -345,7 +398,7 @@ class Worker:
 
     def _busy(self):
         with self._lock:
-            return bool(self._inflight or self._unacked)
+            return bool(self._inflight or self._unacked or self._acking)
 
     def _limit_reached(self):
         return self.max_messages is not None and self.claimed >= self.max_messages
@@ -425,19 +478,46 @@ class Worker:
         if job.duration is None:
             job.duration = time.monotonic() - job.started
         message = job.message
+        acks = None
         with self._lock:
-            if self._inflight.get(message.pk) is job:
-                del self._inflight[message.pk]
+            if self._inflight.get(message.id) is job:
+                del self._inflight[message.id]
             if outcome == ACK_PENDING and not job.abandoned:
-                self._unacked[message.pk] = job
+                self._unacked[message.id] = job
                 if self._ack_due is None:
                     self._ack_due = time.monotonic() + ACK_DELAY
+                if len(self._unacked) >= self.batch_size and not self._acking:
+                    # A batch's worth: this thread acknowledges them on its own
+                    # connection, while the main loop's claim runs on another.
+                    acks = self._take_unacked_locked()
+                    self._acking = len(acks)
             elif outcome in (DONE, FAILED):
                 self.processed += 1
             wake = self._loop_has_work_locked()
         if outcome == DONE:
             self._log_done(message, job.duration)
         if wake:
+            self._wake.set()
+        if acks:
+            self._ack_from_handler_thread(acks)
+
+    def _ack_from_handler_thread(self, jobs):
+        try:
+            finished = lifecycle.ack_many([job.message for job in jobs])
+        except BaseException as exc:  # noqa: BLE001  (the main loop flushes them again)
+            _drop_broken_connections()
+            self._return_unacked(jobs)
+            logger.warning(
+                "Worker %s: could not acknowledge %s message(s) (%s); retrying",
+                self.worker_id,
+                len(jobs),
+                _first_line(exc),
+            )
+        else:
+            self._acked(jobs, finished)
+        finally:
+            with self._lock:
+                self._acking = 0
             self._wake.set()
 
     def _run_atomic_batch(self, first):
@@ -447,36 +527,38 @@ class Worker:
         handlers share one commit, and each message's writes still commit
         or roll back with its own acknowledgement.
 
-        A handler that raises rolls back to its savepoint (with the
+        A handler's savepoint is opened just before its first query (see
+        _HandlerSavepoint): one that runs no query costs no round trip. A
+        handler that raises rolls back to its savepoint (with the
         ``on_commit`` callbacks it registered); its failure is recorded after
-        the commit. If the acknowledgement finds a lease gone, the whole
-        transaction rolls back and the jobs that still hold their lease run
-        again one by one (their writes were rolled back: nothing happens
-        twice).
+        the commit. If the acknowledgement finds a lease gone, or a failure
+        cannot be undone on its own, the whole transaction rolls back and the
+        other jobs (those that still hold their lease) run again one by one:
+        their writes were rolled back, nothing happens twice.
         """
         using = lifecycle.alias()
         connection = connections[using]
         batch, succeeded, failed = [first], [], []
         after = None  # a job taken from the pool that cannot join the batch
         began = time.monotonic()
-        acked = set()
+        acked = None  # the ids the acknowledgement found still leased
         limit = min(self.batch_size, ATOMIC_BATCH_MAX)
+        savepoint = _HandlerSavepoint(connection)
         try:
-            with transaction.atomic(using=using):
-                _execute(connection, SAVEPOINT_SQL)
+            with transaction.atomic(using=using), connection.execute_wrapper(savepoint):
                 job = first
                 while True:
                     job.batch = batch
                     callbacks = len(connection.run_on_commit)
+                    savepoint.arm()
                     try:
                         _call(job.spec, job.message)
                         if job.abandoned:
                             raise _LeaseLost
-                        if connection.needs_rollback:
-                            # The handler swallowed an error inside an atomic block.
+                        if connection.needs_rollback or _transaction_failed(connection):
+                            # The handler swallowed a database error.
                             raise DatabaseError("the handler left its transaction unusable")
-                        # One round trip: keep this job's writes, open the next savepoint.
-                        _execute(connection, NEXT_SAVEPOINT_SQL)
+                        savepoint.disarm()
                         job.duration = time.monotonic() - job.started
                         job.deadline = None  # its handler is done: it cannot time out
                         job.uncommitted = True
@@ -488,7 +570,7 @@ class Worker:
                             failed.append((job, exc))
                         # Undo this job alone: its writes and its on_commit callbacks.
                         # (If the connection is gone this raises: the batch fails.)
-                        _execute(connection, ROLLBACK_SAVEPOINT_SQL)
+                        savepoint.rollback()
                         connection.needs_rollback = False
                         del connection.run_on_commit[callbacks:]
                     if len(batch) >= limit or time.monotonic() - began > ATOMIC_BATCH_SECONDS:
@@ -506,15 +588,16 @@ class Worker:
                 if keep:
                     acked = lifecycle.ack_leased([j.message for j in keep])
                     if len(acked) != len(keep):
-                        raise _LeaseLost
-        except _LeaseLost:
-            # Rolled back: run again, alone, the jobs that still held their lease.
+                        raise _BatchRolledBack
+        except _BatchRolledBack:
+            # Rolled back: run again, alone, the jobs that still held their lease
+            # (all of them when the acknowledgement did not run).
             self._log_batch_rollback(succeeded, acked)
             for job in succeeded:
                 job.uncommitted = False
                 if job.abandoned:
                     continue
-                if job.message.pk in acked:
+                if acked is None or job.message.id in acked:
                     job.duration = None
                     self._run_one(job)
                 else:
@@ -545,7 +628,7 @@ class Worker:
         # A job cut off by a broken connection (neither succeeded nor failed):
         # its lease expires and maintenance returns it.
         with self._lock:
-            orphans = [j for j in batch if self._inflight.get(j.message.pk) is j]
+            orphans = [j for j in batch if self._inflight.get(j.message.id) is j]
         for job in orphans:
             self._finished(job, LOST)
         for job in batch:
@@ -554,37 +637,50 @@ class Worker:
             self._run_job(after)
 
     def _log_batch_rollback(self, succeeded, acked):
+        if acked is None:
+            logger.warning(
+                "Worker %s: a handler's failure could not be undone on its own (it broke "
+                "the transaction before its first query through Django); its batch was "
+                "rolled back and the other %s message(s) run again one by one",
+                self.worker_id,
+                len(succeeded),
+            )
+            return
         logger.warning(
             "Worker %s: %s of %s message(s) of an atomic batch lost their lease before the "
             "commit; the batch was rolled back and the others run again one by one",
             self.worker_id,
-            len(succeeded) - len(acked or ()),
+            len(succeeded) - len(acked),
             len(succeeded),
         )
 
     def _log_done(self, message, duration):
         self.metrics.finished(message, DONE, duration)  # the outcome label, "done"
-        logger.info(
-            "Message id=%s topic=%s attempt=%s done in %.3fs",
-            message.pk,
-            message.topic,
-            message.attempts,
-            duration,
-            extra={
-                "message_id": message.pk,
-                "topic": message.topic,
-                "attempt": message.attempts,
-                "duration": duration,
-                "state": "done",
-            },
-        )
-        signals.send(
-            signals.message_done,
-            sender=type(message),
-            message=message,
-            duration=duration,
-            worker=self.worker_id,
-        )
+        # The hot path: nothing is built for a log record nobody keeps or a
+        # signal nobody receives.
+        if logger.isEnabledFor(logging.INFO):
+            logger.info(
+                "Message id=%s topic=%s attempt=%s done in %.3fs",
+                message.id,
+                message.topic,
+                message.attempts,
+                duration,
+                extra={
+                    "message_id": message.id,
+                    "topic": message.topic,
+                    "attempt": message.attempts,
+                    "duration": duration,
+                    "state": "done",
+                },
+            )
+        if signals.message_done.has_listeners(type(message)):
+            signals.send(
+                signals.message_done,
+                sender=type(message),
+                message=message,
+                duration=duration,
+                worker=self.worker_id,
+            )
 
     def _record_failure(self, job, exc, category=None):
         """Retry or dead-letter ``job``'s message after ``exc``; returns FAILED or LOST."""
@@ -671,9 +767,12 @@ class Worker:
     def _take_unacked(self):
         """The finished atomic=False jobs whose acknowledgement is due."""
         with self._lock:
-            jobs = list(self._unacked.values())
-            self._unacked.clear()
-            self._ack_due = None
+            return self._take_unacked_locked()
+
+    def _take_unacked_locked(self):
+        jobs = list(self._unacked.values())
+        self._unacked.clear()
+        self._ack_due = None
         return jobs
 
     def _return_unacked(self, jobs):
@@ -687,7 +786,7 @@ class Worker:
         with self._lock:
             self.processed += len(finished)
         for job in jobs:
-            if job.message.pk in finished:  # lifecycle logged the others
+            if job.message.id in finished:  # lifecycle logged the others
                 self._log_done(job.message, job.duration)
 
     def _expire_timeouts(self):
@@ -1016,9 +1115,19 @@ def _call(spec, message):
     return spec.func(message)
 
 
-def _execute(connection, sql):
-    with connection.cursor() as cursor:
-        cursor.execute(sql)
+def _execute_raw(connection, sql):
+    """Run the worker's own bookkeeping ``sql`` on the driver's connection,
+    past Django's cursor wrapper (and its execute wrappers): the savepoints
+    of atomic batches, once per handler."""
+    with connection.wrap_database_errors:
+        psycopg.ClientCursor(connection.connection).execute(sql)
+
+
+def _transaction_failed(connection):
+    """Whether the server reported the connection's transaction as aborted
+    (read from the driver's state: no round trip)."""
+    raw = connection.connection
+    return raw is not None and raw.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
 
 
 def _log_lease_lost_before_commit(job):

@@ -49,6 +49,60 @@ def test_a_burst_worker_exits_as_soon_as_its_acknowledgements_are_flushed():
     assert time.monotonic() - started < 30, "the worker waited for its poll to exit"
 
 
+@pytest.fixture
+def failing_acknowledgements():
+    """The first ``count`` acknowledgements sent one way fail with a real
+    database error (a trigger; its sequence survives the rollback): those
+    carried by the claim's round trip (their query also holds the claim's
+    UPDATE), or those sent alone (by a handler thread once a batch's worth
+    is waiting, or by the main loop's timed flush)."""
+    created = []
+
+    def install(count, carried_by_claim):
+        test = "> 0" if carried_by_claim else "= 0"
+        with raw_connection(autocommit=True) as conn:
+            conn.execute("CREATE SEQUENCE test_ack_failures")
+            conn.execute(
+                f"""CREATE FUNCTION test_fail_ack() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN
+                    IF position('UPDATE' IN current_query()) {test}
+                            AND nextval('test_ack_failures') <= {int(count)} THEN
+                        RAISE EXCEPTION 'injected acknowledgement failure';
+                    END IF;
+                    RETURN NULL;
+                END $$"""
+            )
+            conn.execute(
+                "CREATE TRIGGER test_fail_ack BEFORE DELETE ON django_pgqueue_message"
+                " FOR EACH STATEMENT EXECUTE FUNCTION test_fail_ack()"
+            )
+        created.append(True)
+
+    yield install
+    if created:
+        with raw_connection(autocommit=True) as conn:
+            conn.execute("DROP TRIGGER test_fail_ack ON django_pgqueue_message")
+            conn.execute("DROP FUNCTION test_fail_ack()")
+            conn.execute("DROP SEQUENCE test_ack_failures")
+
+
+@pytest.mark.parametrize(
+    "carried_by_claim, logged",
+    [(True, "database error (injected"), (False, "could not acknowledge")],
+)
+def test_failed_acknowledgements_are_sent_again_and_nothing_runs_twice(
+    failing_acknowledgements, caplog, carried_by_claim, logged
+):
+    failing_acknowledgements(3, carried_by_claim)
+    messages = enqueue_many([{"payload": {}}] * 60, topic="test.record_nonatomic")
+    with running_worker(concurrency=2, batch_size=5, poll_interval=0.2):
+        wait_until(
+            lambda: not Message.objects.exists(), timeout=20, message="every acknowledgement"
+        )
+    assert handled_ids() == {m.pk: 1 for m in messages}
+    assert logged in caplog.text
+
+
 def test_priority_decides_the_order():
     low = enqueue("test.record", {}, priority=-5)
     high = enqueue("test.record", {}, priority=5)
@@ -331,6 +385,44 @@ def test_atomic_handlers_share_a_commit_and_a_failure_rolls_back_only_its_own_wo
     assert ack_calls[0] == 9, f"one shared transaction for the first 10: {ack_calls}"
 
 
+def test_handlers_that_run_no_query_share_the_batch_and_fail_alone(committed, ack_calls):
+    """Savepoints open lazily: a handler with no query has none, and its
+    failure still discards only its own on_commit callbacks."""
+    plain = enqueue_many([{"payload": {}}] * 3, topic="test.batch")
+    nodb = enqueue_many([{"payload": {"do": "nodb"}}] * 3, topic="test.batch")
+    early = enqueue("test.batch", {"do": "fail_early"})
+    late = enqueue("test.batch", {"do": "fail"})
+    more = enqueue_many([{"payload": {}}, {"payload": {"do": "nodb"}}], topic="test.batch")
+    with running_worker(concurrency=1, batch_size=20, poll_interval=0.1):
+        wait_until(lambda: not Message.objects.exists(), message="every message, two retried")
+    assert not DeadLetter.objects.exists()
+    writers = [*plain, more[0]]
+    rows = sorted(Handled.objects.values_list("message_id", "attempt"))
+    assert rows == sorted([(m.pk, 1) for m in writers] + [(late.pk, 2)])
+    everyone = [*plain, *nodb, early, late, *more]
+    assert sorted(committed) == sorted(m.pk for m in everyone), "each callback once"
+    assert ack_calls[0] == 8, f"one shared transaction for the first ten: {ack_calls}"
+
+
+@pytest.mark.parametrize("action", ["raw_swallow", "raw_swallow_then_write"])
+def test_a_transaction_broken_around_django_rolls_the_batch_back_and_loses_nothing(
+    committed, caplog, action
+):
+    """No savepoint to return to: the whole batch rolls back and the others
+    run again one by one, their writes once."""
+    before = enqueue_many([{"payload": {}}] * 3, topic="test.batch")
+    broken = enqueue("test.batch", {"do": action})
+    after = enqueue_many([{"payload": {}}, {"payload": {"do": "nodb"}}], topic="test.batch")
+    with running_worker(concurrency=1, batch_size=20, poll_interval=0.1):
+        wait_until(lambda: not Message.objects.exists(), message="every message, one retried")
+    assert not DeadLetter.objects.exists()
+    writers = [*before, after[0], broken]
+    assert handled_ids() == {m.pk: 1 for m in writers}
+    assert Handled.objects.get(message_id=broken.pk).attempt == 2
+    assert sorted(committed) == sorted(m.pk for m in [*before, broken, *after])
+    assert "could not be undone on its own" in caplog.text
+
+
 def test_a_handler_that_breaks_the_transaction_and_swallows_the_error_fails_alone(committed):
     messages = enqueue_many([{"payload": {}}] * 4, topic="test.batch")
     broken = enqueue("test.batch", {"do": "swallow"})
@@ -379,3 +471,47 @@ def test_prefetched_messages_are_handed_back_at_once_on_stop():
     assert waiting.count() == 7 - len(handled) >= 4, "the prefetched ones were not run"
     assert set(waiting.values_list("attempts", flat=True)) == {0}
     assert {m.pk for m in waiting} == {m.pk for m in [first, *rest]} - handled
+
+
+def test_prefetched_messages_that_cannot_be_handed_back_wait_for_their_lease():
+    """The hand-back at shutdown fails (a real database error): the messages
+    stay leased, and the rescue returns them once the lease expires; each
+    then runs once."""
+    from django.utils import timezone
+
+    from django_pgqueue import lifecycle
+
+    first = enqueue("test.sleep", {"seconds": 0.6})
+    rest = enqueue_many([{"payload": {"seconds": 0.6}}] * 6, topic="test.sleep")
+    with raw_connection(autocommit=True) as conn:
+        # The hand-back is the one UPDATE that lowers the attempt count.
+        conn.execute(
+            """CREATE FUNCTION test_fail_release() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF position('GREATEST' IN upper(current_query())) > 0 THEN
+                    RAISE EXCEPTION 'injected hand-back failure';
+                END IF;
+                RETURN NULL;
+            END $$"""
+        )
+        conn.execute(
+            "CREATE TRIGGER test_fail_release BEFORE UPDATE ON django_pgqueue_message"
+            " FOR EACH STATEMENT EXECUTE FUNCTION test_fail_release()"
+        )
+    try:
+        with running_worker(
+            concurrency=1, batch_size=7, poll_interval=0.1, shutdown_timeout=10, lease_seconds=2
+        ):
+            wait_until(lambda: Handled.objects.filter(message_id=first.pk).exists())
+    finally:
+        with raw_connection(autocommit=True) as conn:
+            conn.execute("DROP TRIGGER test_fail_release ON django_pgqueue_message")
+            conn.execute("DROP FUNCTION test_fail_release()")
+    handled = set(handled_ids())
+    leased = Message.objects.filter(status=Status.PROCESSING).count()
+    assert leased == 7 - len(handled) >= 4, "still leased: the hand-back failed"
+    time.sleep(2.1)  # past the lease
+    assert lifecycle.rescue_expired(now=timezone.now()).requeued == leased
+    with running_worker(concurrency=2, poll_interval=0.1):
+        wait_until(lambda: not Message.objects.exists(), message="the rescued messages")
+    assert handled_ids() == dict.fromkeys([m.pk for m in [first, *rest]], 1)

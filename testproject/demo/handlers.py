@@ -113,15 +113,33 @@ def test_batch(message):
     """Records, registers an on_commit callback, then: payload "fail" raises
     after the write; "swallow" breaks the transaction with bad SQL and
     swallows the error; "steal" takes its own lease away (as a rescue and
-    another worker's claim would) before returning; "sleep" sleeps."""
+    another worker's claim would) before returning; "sleep" sleeps.
+
+    Before any query: "nodb" only registers the callback; "fail_early"
+    registers it and raises; "raw_swallow" breaks the transaction through
+    the driver's connection (around Django) and swallows the error, and
+    "raw_swallow_then_write" then also records (all on the first attempt)."""
     from django.db import connection, transaction
 
+    action = message.payload.get("do")
+    first = message.attempts == 1
+    if action in ("nodb", "fail_early"):
+        transaction.on_commit(lambda: COMMITTED.append(message.pk))
+        if action == "fail_early" and first:
+            raise RuntimeError("failed before any query")
+        return
+    if action in ("raw_swallow", "raw_swallow_then_write") and first:
+        try:
+            connection.connection.execute("SELECT no_such_column FROM demo_handled")
+        except Exception:
+            pass
+        if action == "raw_swallow":
+            return
     record(message)
     transaction.on_commit(lambda: COMMITTED.append(message.pk))
-    action = message.payload.get("do")
-    if action == "fail" and message.attempts == 1:
+    if action == "fail" and first:
         raise RuntimeError("failed after writing")
-    if action == "swallow" and message.attempts == 1:
+    if action == "swallow" and first:
         try:
             with connection.cursor() as cursor:
                 cursor.execute("SELECT no_such_column FROM demo_handled")
