@@ -501,7 +501,7 @@ class PgQueue(System):
         self.worker_note = (
             "`testproject/manage.py pgqueue_worker --log-level WARNING "
             + opts.pgqueue_worker_args
-            + "` (`--burst` for the drains), DEBUG=False"
+            + "` (`--burst` for the drains), DEBUG=False, OPTIONS prepare_threshold=5"
         )
 
     @property

@@ -23,6 +23,7 @@ from django.db.models import Q
 from django.db.models.base import ModelState
 
 from . import conf, signals
+from .db import prepared_cursor
 from .exceptions import InvalidMessage
 from .models import UNFINISHED, Message, Status, timestamp_from_text
 
@@ -217,12 +218,15 @@ def _insert_once(messages, rows, alias):
     dedup = any(row.dedup_key is not None for row in rows)
     table = connection.ops.quote_name(Message._meta.db_table)
     if len(rows) == 1:
+        # The statement one-message-per-transaction callers repeat: prepared.
         sql = (INSERT_ONE_SQL if dedup else INSERT_ONE_NO_DEDUP_SQL).format(table=table)
         params = rows[0].values()
+        cursor = prepared_cursor(connection)
     else:
         sql = (INSERT_SQL if dedup else INSERT_NO_DEDUP_SQL).format(table=table)
         params = ["[" + ",".join(row.as_json() for row in rows) + "]"]
-    with connection.cursor() as cursor:
+        cursor = connection.cursor()
+    with cursor:
         cursor.execute(sql, params)
         returned = sorted(cursor.fetchall())  # ids ascend in input order
     if not dedup:

@@ -152,6 +152,67 @@ def test_options_are_stored():
     assert message.run_at == at
 
 
+def _prepared_inserts():
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_prepared_statements"
+            " WHERE statement LIKE 'INSERT INTO \"django_pgqueue_message\"%%'"
+        )
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.django_db
+def test_the_one_message_insert_is_prepared_and_stores_every_option_the_same():
+    """psycopg prepares the repeated INSERT (server-side binding): every
+    option must come out of it as typed as from the first, unprepared runs."""
+    at = timezone.now() + datetime.timedelta(hours=1)
+    variants = [
+        dict(),
+        dict(run_at=at, priority=-100, max_attempts=2147483647, dedup_key="k", group_key="g"),
+        dict(delay=1.5, priority=100, queue="q", headers={"h": ["x", None]}),
+        dict(delay=datetime.timedelta(minutes=2), max_attempts=1),
+    ]
+    for number in range(7):  # past psycopg's prepare_threshold (5)
+        for index, options in enumerate(variants):
+            dedup = {"dedup_key": f"k{number}"} if "dedup_key" in options else {}
+            message = enqueue("t.prepared", {"n": number, "i": index}, **{**options, **dedup})
+            row = Message.objects.get(pk=message.pk)
+            assert row.payload == {"n": number, "i": index}
+            assert (row.priority, row.queue) == (
+                options.get("priority", 0),
+                options.get("queue", "default"),
+            )
+            assert (row.max_attempts, row.dedup_key, row.group_key) == (
+                options.get("max_attempts"),
+                dedup.get("dedup_key"),
+                options.get("group_key"),
+            )
+            assert row.headers == options.get("headers", {})
+            assert message.run_at == row.run_at and message.created_at == row.created_at
+            if "run_at" in options:
+                assert row.run_at == at
+            elif "delay" in options:
+                assert row.run_at > row.created_at
+            else:  # now(): the start of the test's transaction
+                assert row.run_at <= row.created_at
+    assert _prepared_inserts() >= 1
+
+
+@pytest.mark.django_db
+def test_without_a_prepare_threshold_nothing_is_prepared():
+    """The PgBouncer setting (OPTIONS prepare_threshold None) is honoured."""
+    connection = connections["default"]
+    connection.ensure_connection()
+    connection.connection.prepare_threshold = None
+    try:
+        for number in range(8):
+            enqueue("t.unprepared", {"n": number})
+        assert _prepared_inserts() == 0
+        assert Message.objects.filter(topic="t.unprepared").count() == 8
+    finally:
+        connection.close()  # the next test gets a connection with the default
+
+
 @pytest.mark.django_db
 @pytest.mark.parametrize("delay", [30, 30.0, datetime.timedelta(seconds=30)])
 def test_delay_sets_run_at_from_the_database_clock(delay):

@@ -63,6 +63,17 @@ DATABASES = {
     ),
 }
 
+# Django turns psycopg's prepared statements off (prepare_threshold None) for
+# the sake of connection poolers; a project that talks to PostgreSQL directly
+# (or through PgBouncer 1.21+) can let psycopg prepare the statements it runs
+# often: django-pgqueue's one-message INSERT is one (README, Performance).
+# DATABASE_PREPARE_THRESHOLD="" turns it off, as behind an older PgBouncer.
+_prepare_threshold = env.str("DATABASE_PREPARE_THRESHOLD", default="5")
+for _database in DATABASES.values():
+    _database.setdefault("OPTIONS", {})["prepare_threshold"] = (
+        int(_prepare_threshold) if _prepare_threshold else None
+    )
+
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 LANGUAGE_CODE = "en-us"

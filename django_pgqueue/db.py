@@ -1,0 +1,28 @@
+"""Cursors for django-pgqueue's own hot statements."""
+
+from django.db.backends.postgresql.base import ServerBindingCursor
+
+
+def prepared_cursor(connection):
+    """A Django cursor (execute wrappers and the query log see its queries)
+    over a psycopg cursor that binds parameters on the server.
+
+    Django's default cursor interpolates the parameters on the client, so the
+    server parses and plans every statement again. With server-side binding,
+    psycopg prepares a statement once the connection has run it
+    ``prepare_threshold`` times (5 by default): enqueue() runs the same
+    INSERT again and again, and each later run skips the planning (about a
+    sixth of a one-message enqueue here).
+
+    Behind PgBouncer in transaction mode before 1.21 (no prepared statements
+    across server connections), set ``"prepare_threshold": None`` in the
+    database's ``OPTIONS``: psycopg then never prepares, and this stays a
+    plain parameterised statement.
+    """
+    connection.ensure_connection()
+    with connection.wrap_database_errors:
+        cursor = ServerBindingCursor(connection.connection)
+    connection.validate_thread_sharing()
+    if connection.queries_logged:
+        return connection.make_debug_cursor(cursor)
+    return connection.make_cursor(cursor)
