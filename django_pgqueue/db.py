@@ -14,10 +14,10 @@ def prepared_cursor(connection):
     INSERT again and again, and each later run skips the planning (about a
     sixth of a one-message enqueue here).
 
-    Behind PgBouncer in transaction mode before 1.21 (no prepared statements
-    across server connections), set ``"prepare_threshold": None`` in the
-    database's ``OPTIONS``: psycopg then never prepares, and this stays a
-    plain parameterised statement.
+    Django's default, ``"prepare_threshold": None`` in the database's
+    ``OPTIONS``, is what PgBouncer in transaction mode needs unless it keeps
+    prepared statements (1.21+ with ``max_prepared_statements``): psycopg
+    then never prepares, and this stays a plain parameterised statement.
     """
     connection.ensure_connection()
     with connection.wrap_database_errors:

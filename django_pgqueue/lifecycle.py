@@ -33,6 +33,7 @@ from django.db.models.functions import Coalesce, Greatest, Now
 from django.utils import timezone
 
 from . import conf, policy, registry, signals
+from .db import prepared_cursor
 from .models import Category, DeadLetter, Message, Status, WorkerHeartbeat, timestamp_from_text
 
 logger = logging.getLogger(__name__)
@@ -147,6 +148,7 @@ def ack_and_claim(acks, queues, limit, worker_id, lease_seconds, now=None):
     """
     using = alias()
     connection = connections[using]
+    async_commit = not connection.in_atomic_block
     token = uuid.uuid4()
     messages = []
     acked = set()
@@ -154,19 +156,25 @@ def ack_and_claim(acks, queues, limit, worker_id, lease_seconds, now=None):
     # One ordered index scan per queue (an IN list over several queues
     # cannot use the index order and would sort every waiting row).
     for name in queues:
-        sql, claim_params = claim_statement(using, name, limit - len(messages), worker_id, now)
+        sql, claim_params = claim_statement(
+            using, name, limit - len(messages), worker_id, now, async_commit
+        )
         claim_params[1:3] = [token, lease_seconds]
-        params = claim_params
         if acks:
-            sql = _ack_pairs_sql(connection) + ";" + sql
-            params = [*_ack_params(acks), *claim_params]
-        with connection.cursor() as cursor:
-            cursor.execute(ASYNC_COMMIT_SQL + sql, params)
-            cursor.nextset()  # past the SET LOCAL
-            if acks:
+            # Two statements in one round trip (one implicit transaction):
+            # only client-side binding takes several.
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    _ack_pairs_sql(connection) + ";" + sql, [*_ack_params(acks), *claim_params]
+                )
                 acked = {row[0] for row in cursor.fetchall()}
                 cursor.nextset()
-            rows = cursor.fetchall()
+                rows = cursor.fetchall()
+        else:
+            # One statement, run every cycle: prepared when the connection allows.
+            with prepared_cursor(connection) as cursor:
+                cursor.execute(sql, claim_params)
+                rows = cursor.fetchall()
         acks = ()
         for message in pending:
             if message.pk not in acked:
@@ -190,13 +198,18 @@ def ack_and_claim(acks, queues, limit, worker_id, lease_seconds, now=None):
     return acked, messages
 
 
-# The claim in one round trip: ASYNC_COMMIT_SQL and the UPDATE run as one
-# implicit transaction (two statements in one simple query). The rows come
-# from the ORM's select_for_update(skip_locked=True) queryset, compiled once
-# per limit into the IN (...) subquery; "clock" is the database's now()
-# unless the caller gives one.
+# The claim, one statement. The rows come from the ORM's
+# select_for_update(skip_locked=True) queryset, compiled once per limit into
+# the IN (...) subquery; "clock" is the database's now() unless the caller
+# gives one. Outside a caller's transaction, clock also sets the commit
+# asynchronous ({async_commit}): a claim's commit need not wait for the WAL
+# to reach the disk (about a millisecond less per claim). Safe: had the
+# server crashed and lost such a commit, the message would simply be waiting
+# again, and any later durable commit (a handler's, an acknowledgement's)
+# flushes the WAL up to it first. (A function in the statement, not SET
+# LOCAL before it, keeps the claim one statement, which can be prepared.)
 CLAIM_SQL = """
-WITH clock AS (SELECT COALESCE(%s::timestamptz, now()) AS now)
+WITH clock AS (SELECT COALESCE(%s::timestamptz, now()) AS now{async_commit})
 UPDATE {table} AS m SET status = 'processing', attempts = m.attempts + 1, lease_token = %s,
     lease_expires_at = clock.now + make_interval(secs => %s), locked_by = %s,
     updated_at = clock.now
@@ -204,27 +217,25 @@ FROM clock
 WHERE m.id IN ({pick})
 RETURNING {columns}
 """
+_ASYNC_COMMIT_COLUMN = ", set_config('synchronous_commit', 'off', true) AS async_commit"
 
-# A claim's commit need not wait for the WAL to reach the disk (about a
-# millisecond less per claim). Safe: had the server crashed and lost such a
-# commit, the message would simply be waiting again, and any later durable
-# commit (a handler's, an acknowledgement's) flushes the WAL up to it first.
+# The same for the acknowledgements sent on their own (ack_many).
 ASYNC_COMMIT_SQL = "SET LOCAL synchronous_commit = off;"
 
 _CLAIM_FIELDS = list(Message._meta.concrete_fields)
 _QUEUE_SENTINEL = "\x00queue"  # no queue name can contain NUL
 
 
-def claim_statement(using, queue, limit, worker_id, now=None, lease_seconds=60):
+def claim_statement(using, queue, limit, worker_id, now=None, lease_seconds=60, async_commit=False):
     """The claim's UPDATE for one queue and its parameters (also for EXPLAIN)."""
-    sql, pick_params = _claim_sql(using, limit, now is not None)
+    sql, pick_params = _claim_sql(using, limit, now is not None, async_commit)
     params = [now, None, lease_seconds, worker_id]
     params += [queue if p == _QUEUE_SENTINEL else p for p in pick_params]
     return sql, params
 
 
 @functools.lru_cache(maxsize=256)
-def _claim_sql(using, limit, fixed_now):
+def _claim_sql(using, limit, fixed_now, async_commit):
     """The claim statement for ``limit`` rows, and its subquery's parameters
     (the queue name as _QUEUE_SENTINEL).
 
@@ -250,6 +261,7 @@ def _claim_sql(using, limit, fixed_now):
         pick_sql, pick_params = pick.query.get_compiler(using=using).as_sql()
     quote = connection.ops.quote_name
     sql = CLAIM_SQL.format(
+        async_commit=_ASYNC_COMMIT_COLUMN if async_commit else "",
         table=quote(Message._meta.db_table),
         pick=pick_sql,
         columns=", ".join(
@@ -276,8 +288,12 @@ def _message_from_row(row, using, connection):
     values = dict(zip(_CLAIM_ATTNAMES, row, strict=True))
     for attname, field in _JSON_FIELDS:
         text = values[attname]
-        # What JSONField.from_db_value does, minus its checks for key lookups.
-        values[attname] = json.loads(text, cls=field.decoder) if text is not None else None
+        # What JSONField.from_db_value does, minus its checks for key lookups
+        # (and the parse of the usual empty headers).
+        if text == "{}":
+            values[attname] = {}
+        elif text is not None:
+            values[attname] = json.loads(text, cls=field.decoder)
     for attname in _TIMESTAMP_ATTNAMES:
         values[attname] = timestamp_from_text(values[attname])
     state = values["_state"] = ModelState()

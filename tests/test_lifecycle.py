@@ -71,6 +71,32 @@ def test_claim_sets_the_lease_counts_the_attempt_and_respects_the_limit(make_mes
     assert Message.objects.filter(status=Status.WAITING).count() == 2
 
 
+def test_the_claim_is_one_prepared_statement_and_leaves_a_callers_commit_durable(make_message):
+    for _ in range(8):
+        make_message(run_at=NOW - SECOND)
+    for _ in range(6):  # past psycopg's prepare_threshold (the testproject's 5)
+        assert len(lifecycle.claim(["default"], 1, "w", 60)) == 1
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%UPDATE%'"
+        )
+        assert cursor.fetchone()[0] >= 1
+    # Inside a caller's transaction the claim does not make its commit asynchronous.
+    with transaction.atomic(), connections["default"].cursor() as cursor:
+        assert len(lifecycle.claim(["default"], 1, "w", 60)) == 1
+        cursor.execute("SHOW synchronous_commit")
+        assert cursor.fetchone()[0] == "on"
+    # The worker's own (autocommit) claim sets it for its transaction alone.
+    sql, params = lifecycle.claim_statement("default", "default", 1, "w", async_commit=True)
+    params[1] = uuid.uuid4()
+    with transaction.atomic(), connections["default"].cursor() as cursor:
+        cursor.execute(sql, params)
+        assert len(cursor.fetchall()) == 1
+        cursor.execute("SHOW synchronous_commit")
+        assert cursor.fetchone()[0] == "off"
+        transaction.set_rollback(True)
+
+
 def test_claim_skips_rows_locked_by_another_transaction(make_message):
     locked = make_message(run_at=NOW - 2 * SECOND)
     free = make_message(run_at=NOW - SECOND)

@@ -423,6 +423,17 @@ def test_a_transaction_broken_around_django_rolls_the_batch_back_and_loses_nothi
     assert "could not be undone on its own" in caplog.text
 
 
+def test_an_async_handler_in_a_shared_transaction_rolls_back_alone():
+    """Its ORM calls (sync_to_async, in the handler thread) open its savepoint."""
+    messages = enqueue_many([{"payload": {}}] * 3, topic="test.async_batch")
+    failing = enqueue("test.async_batch", {"fail": True})
+    later = enqueue_many([{"payload": {}}] * 3, topic="test.async_batch")
+    with running_worker(concurrency=1, batch_size=20, poll_interval=0.1):
+        wait_until(lambda: not Message.objects.exists(), message="every message, one retried")
+    rows = sorted(Handled.objects.values_list("message_id", "attempt"))
+    assert rows == sorted([(m.pk, 1) for m in messages + later] + [(failing.pk, 2)])
+
+
 def test_a_handler_that_breaks_the_transaction_and_swallows_the_error_fails_alone(committed):
     messages = enqueue_many([{"payload": {}}] * 4, topic="test.batch")
     broken = enqueue("test.batch", {"do": "swallow"})

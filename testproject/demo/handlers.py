@@ -104,6 +104,16 @@ async def test_async(message):
     await sync_to_async(record)(message)
 
 
+@handler("test.async_batch", backoff_base=0.05, backoff_cap=0.1)
+async def test_async_batch(message):
+    """Records through sync_to_async; payload "fail" then raises (first attempt)."""
+    from asgiref.sync import sync_to_async
+
+    await sync_to_async(record)(message)
+    if message.payload.get("fail") and message.attempts == 1:
+        raise RuntimeError("async handler failed after writing")
+
+
 # Atomic batches (several handlers share a transaction): what each one leaves.
 COMMITTED = []  # message ids whose on_commit callback ran (in-process tests)
 
