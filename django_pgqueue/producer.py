@@ -6,11 +6,13 @@ NOTIFY is delivered, only when the caller commits; a rollback (or a rolled
 back savepoint) discards it. When the queue lives on another database alias,
 the insert waits for the caller's commit through ``transaction.on_commit``.
 
-Everything is validated before anything is written: bad input raises
-``InvalidMessage`` at the call site.
+Bad input raises ``InvalidMessage`` at the call site and writes nothing (a
+large ``enqueue_many`` validates and sends its rows a chunk at a time, in one
+transaction that the error rolls back).
 """
 
 import datetime
+import itertools
 import json
 import math
 import re
@@ -85,6 +87,10 @@ _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 _INT_MAX = 2**31 - 1
 
+# enqueue_many sends more rows than this as several INSERTs of this many, in
+# pipeline mode (see _insert_stream).
+STREAM_CHUNK = 2000
+
 # How often a dedup'd message that finished between the INSERT and the look-up
 # of the existing row is inserted again before giving up.
 _DEDUP_RACE_RETRIES = 3
@@ -150,7 +156,15 @@ def enqueue_many(messages, *, using=None, **defaults):
         )
     if isinstance(messages, dict | str | bytes):
         raise InvalidMessage("enqueue_many() takes an iterable of dicts, one per message")
-    rows = []
+    caller, queue_alias = _aliases(using)
+    rows = _validated_rows(messages, defaults, known)
+    if caller != queue_alias:
+        return _enqueue_rows(list(rows), using)  # all validated now, inserted at commit
+    return _insert_stream(rows, queue_alias)
+
+
+def _validated_rows(messages, defaults, known):
+    """The _Row of each of enqueue_many's dicts, in order, as they are consumed."""
     default_queue = conf.get("DEFAULT_QUEUE")  # once, not per message
     for index, item in enumerate(messages):
         if not isinstance(item, dict):
@@ -167,19 +181,54 @@ def enqueue_many(messages, *, using=None, **defaults):
         if "topic" not in fields:
             raise InvalidMessage(f"message {index}: no topic (give it in the dict or as topic=)")
         try:
-            rows.append(_validate(fields))
+            yield _validate(fields)
         except InvalidMessage as exc:
             raise InvalidMessage(f"message {index}: {exc}") from None
-    if not rows:
-        return []
-    return _enqueue_rows(rows, using)
 
 
-def _enqueue_rows(rows, using):
+def _aliases(using):
+    """(the caller's alias, the queue's alias); the caller's must exist."""
     caller = DEFAULT_DB_ALIAS if using is None else using
     if caller not in connections.settings:
         raise InvalidMessage(f"using={caller!r} is not a database alias in DATABASES")
-    queue_alias = conf.get("DATABASE")
+    return caller, conf.get("DATABASE")
+
+
+def _insert_stream(rows, alias):
+    """enqueue_many on the queue's own database. Up to STREAM_CHUNK rows: one
+    INSERT. More: one transaction (a savepoint of the caller's) in which each
+    chunk's INSERT is sent in pipeline mode as soon as it is validated, so
+    the server inserts a chunk while the next one is checked; the results
+    are read at the end. A bad row rolls every chunk back."""
+    chunk = list(itertools.islice(rows, STREAM_CHUNK))
+    if len(chunk) < STREAM_CHUNK:
+        messages = [_unsaved_message(row) for row in chunk]
+        if messages:
+            _insert(messages, chunk, alias)
+        return messages
+    connection = connections[alias]
+    messages, all_rows, sent = [], [], []
+    with transaction.atomic(using=alias):
+        with connection.wrap_database_errors, connection.connection.pipeline():
+            while chunk:
+                sent.append((len(messages), len(chunk), *_send_insert(connection, chunk)))
+                messages += [_unsaved_message(row) for row in chunk]
+                all_rows += chunk
+                chunk = list(itertools.islice(rows, STREAM_CHUNK))
+            skipped = []
+            for offset, size, cursor, dedup in sent:
+                with cursor:
+                    returned = sorted(cursor.fetchall())
+                chunk_messages = messages[offset : offset + size]
+                skipped += [
+                    offset + i for i in _match_returned(chunk_messages, returned, dedup, alias)
+                ]
+        _insert(messages, all_rows, alias, first_skipped=skipped)
+    return messages
+
+
+def _enqueue_rows(rows, using):
+    caller, queue_alias = _aliases(using)
     messages = [_unsaved_message(row) for row in rows]
     if caller == queue_alias:
         _insert(messages, rows, queue_alias)
@@ -190,11 +239,18 @@ def _enqueue_rows(rows, using):
     return messages
 
 
-def _insert(messages, rows, alias):
-    """Insert ``rows`` on ``alias`` and fill in ``messages`` (same order)."""
+def _insert(messages, rows, alias, first_skipped=None):
+    """Insert ``rows`` on ``alias`` and fill in ``messages`` (same order).
+    ``first_skipped``: the rows were inserted already (by _insert_stream),
+    these indexes were skipped by a dedup_key conflict."""
     pending = list(range(len(rows)))
-    for _ in range(_DEDUP_RACE_RETRIES):
-        skipped = _insert_once([messages[i] for i in pending], [rows[i] for i in pending], alias)
+    for attempt in range(_DEDUP_RACE_RETRIES):
+        if attempt == 0 and first_skipped is not None:
+            skipped = first_skipped
+        else:
+            skipped = _insert_once(
+                [messages[i] for i in pending], [rows[i] for i in pending], alias
+            )
         pending = [pending[i] for i in skipped]
         if not pending:
             break
@@ -214,7 +270,15 @@ def _insert(messages, rows, alias):
 
 def _insert_once(messages, rows, alias):
     """One INSERT; returns the indexes (into ``rows``) that a dedup_key conflict skipped."""
-    connection = connections[alias]
+    cursor, dedup = _send_insert(connections[alias], rows)
+    with cursor:
+        returned = sorted(cursor.fetchall())  # ids ascend in input order
+    return _match_returned(messages, returned, dedup, alias)
+
+
+def _send_insert(connection, rows):
+    """Execute the INSERT of ``rows``; returns (its cursor, whether it skips
+    dedup conflicts). In pipeline mode the rows come back later."""
     dedup = any(row.dedup_key is not None for row in rows)
     table = connection.ops.quote_name(Message._meta.db_table)
     if len(rows) == 1:
@@ -226,9 +290,13 @@ def _insert_once(messages, rows, alias):
         sql = (INSERT_SQL if dedup else INSERT_NO_DEDUP_SQL).format(table=table)
         params = ["[" + ",".join(row.as_json() for row in rows) + "]"]
         cursor = connection.cursor()
-    with cursor:
-        cursor.execute(sql, params)
-        returned = sorted(cursor.fetchall())  # ids ascend in input order
+    cursor.execute(sql, params)
+    return cursor, dedup
+
+
+def _match_returned(messages, returned, dedup, alias):
+    """Fill ``messages`` in from the INSERT's ``returned`` rows (sorted by id,
+    that is in input order); returns the indexes a dedup conflict skipped."""
     if not dedup:
         if len(returned) != len(messages):
             raise RuntimeError("INSERT returned fewer rows than it was given")

@@ -10,7 +10,8 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_pgqueue import enqueue, enqueue_many
+from django_pgqueue import enqueue, enqueue_many, producer
+from django_pgqueue.exceptions import InvalidMessage
 from django_pgqueue.models import Message, Status
 from django_pgqueue.notify import CHANNEL
 from django_pgqueue.signals import message_enqueued
@@ -346,6 +347,80 @@ def test_enqueue_many_with_dedup_keys_reports_each_outcome():
     assert messages[0].pk == existing.pk and messages[0].payload == "old"
     assert messages[3].pk == messages[1].pk
     assert Message.objects.count() == 3
+
+
+@pytest.mark.django_db
+def test_a_large_enqueue_many_is_sent_in_chunks_and_reports_each_outcome():
+    """Past STREAM_CHUNK rows: several pipelined INSERTs in one transaction,
+    dedup conflicts found in any chunk (with the table and across chunks)."""
+    chunk = producer.STREAM_CHUNK
+    existing = enqueue("t", "old", dedup_key="held")
+    items = [{"payload": n} for n in range(2 * chunk + 1)]
+    items[5]["dedup_key"] = "held"  # exists already
+    items[chunk + 3]["dedup_key"] = "twice"
+    items[2 * chunk]["dedup_key"] = "twice"  # the same key, two chunks later
+    with CaptureQueriesContext(connections["default"]) as queries:
+        messages = enqueue_many(items, topic="t")
+    inserts = [q for q in queries.captured_queries if q["sql"].startswith("INSERT")]
+    assert len(inserts) == 3, "one INSERT per chunk"
+    assert [m.payload for m in messages[:5]] == [0, 1, 2, 3, 4]
+    assert messages[5].pk == existing.pk and messages[5].created is False
+    assert messages[2 * chunk].pk == messages[chunk + 3].pk
+    assert messages[2 * chunk].created is False
+    created = [m for m in messages if m.created]
+    assert len(created) == 2 * chunk - 1
+    assert [m.pk for m in created] == sorted(m.pk for m in created), "ids follow the input"
+    stored = dict(Message.objects.values_list("pk", "payload"))
+    assert len(stored) == 2 * chunk  # the existing one and the created ones
+    assert all(stored[m.pk] == m.payload for m in created)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("inside_a_transaction", [False, True])
+def test_a_bad_row_late_in_a_large_enqueue_many_writes_nothing(inside_a_transaction):
+    chunk = producer.STREAM_CHUNK
+    items = [{"payload": n} for n in range(2 * chunk + 10)]
+    items[chunk + 5]["priority"] = 1000
+    if inside_a_transaction:
+        with transaction.atomic():
+            before = enqueue("t", "before")
+            with pytest.raises(InvalidMessage, match=f"message {chunk + 5}: priority"):
+                enqueue_many(items, topic="t")
+            after = enqueue("t", "after")  # the caller's transaction goes on
+        assert set(Message.objects.values_list("pk", flat=True)) == {before.pk, after.pk}
+    else:
+        with pytest.raises(InvalidMessage, match=f"message {chunk + 5}: priority"):
+            enqueue_many(items, topic="t")
+        assert not Message.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_database_error_in_a_later_chunk_writes_nothing_and_leaves_a_usable_connection():
+    from django.db import DatabaseError
+
+    chunk = producer.STREAM_CHUNK
+    items = [{"payload": n} for n in range(2 * chunk + 10)]
+    items[chunk + 5]["payload"] = "boom"
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            """CREATE FUNCTION test_boom() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF NEW.payload = '"boom"'::jsonb THEN RAISE EXCEPTION 'boom row'; END IF;
+                RETURN NEW;
+            END $$;
+            CREATE TRIGGER test_boom BEFORE INSERT ON django_pgqueue_message
+                FOR EACH ROW EXECUTE FUNCTION test_boom()"""
+        )
+    try:
+        with pytest.raises(DatabaseError, match="boom row"):
+            enqueue_many(items, topic="t")
+        assert not Message.objects.exists()
+        assert enqueue("t", "next").created is True
+    finally:
+        with connections["default"].cursor() as cursor:
+            cursor.execute(
+                "DROP TRIGGER test_boom ON django_pgqueue_message; DROP FUNCTION test_boom()"
+            )
 
 
 @pytest.mark.django_db
