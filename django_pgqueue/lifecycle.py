@@ -146,18 +146,26 @@ def ack_and_claim(acks, queues, limit, worker_id, lease_seconds, now=None):
     server crash it may be lost and the message delivered again, which
     atomic=False handlers accept (at-least-once).
     """
+    acked, rows = ack_and_claim_rows(acks, queues, limit, worker_id, lease_seconds, now)
+    return acked, [message_from_row(row) for row in rows]
+
+
+def ack_and_claim_rows(acks, queues, limit, worker_id, lease_seconds, now=None):
+    """``ack_and_claim``, the claimed messages as the statement's rows (in
+    claim order), for ``message_from_row``: the worker's main loop leaves
+    building them to the handler threads."""
     using = alias()
     connection = connections[using]
     async_commit = not connection.in_atomic_block
     token = uuid.uuid4()
-    messages = []
+    claimed = []
     acked = set()
     pending = list(acks)
     # One ordered index scan per queue (an IN list over several queues
     # cannot use the index order and would sort every waiting row).
     for name in queues:
         sql, claim_params = claim_statement(
-            using, name, limit - len(messages), worker_id, now, async_commit
+            using, name, limit - len(claimed), worker_id, now, async_commit
         )
         claim_params[1:3] = [token, lease_seconds]
         if acks:
@@ -180,22 +188,28 @@ def ack_and_claim(acks, queues, limit, worker_id, lease_seconds, now=None):
             if message.pk not in acked:
                 _log_lease_lost(message, "not acknowledged")
         pending = ()
-        found = [_message_from_row(row, using, connection) for row in rows]
-        found.sort(key=_claim_order)
-        messages += found
-        if len(messages) >= limit:
+        rows.sort(key=_claim_order)  # RETURNING keeps no order
+        claimed += rows
+        if len(claimed) >= limit:
             break
-    if messages and logger.isEnabledFor(logging.INFO):  # the hot path: no idle work
-        for message in messages:
+    if claimed and logger.isEnabledFor(logging.INFO):  # the hot path: no idle work
+        for row in claimed:
+            message_id, topic, attempts = row[ROW_ID], row[ROW_TOPIC], row[ROW_ATTEMPTS]
             logger.info(
                 "Message id=%s topic=%s attempt=%s claimed by %s",
-                message.pk,
-                message.topic,
-                message.attempts,
+                message_id,
+                topic,
+                attempts,
                 worker_id,
-                extra=_log_extra(message, state="claimed", worker=worker_id),
+                extra={
+                    "message_id": message_id,
+                    "topic": topic,
+                    "attempt": attempts,
+                    "state": "claimed",
+                    "worker": worker_id,
+                },
             )
-    return acked, messages
+    return acked, claimed
 
 
 # The claim, one statement. The rows come from the ORM's
@@ -279,9 +293,13 @@ _JSON_FIELDS = [
 _TIMESTAMP_FIELDS = [f for f in _CLAIM_FIELDS if f.get_internal_type() == "DateTimeField"]
 _TIMESTAMP_ATTNAMES = [field.attname for field in _TIMESTAMP_FIELDS]
 _CLAIM_ATTNAMES = [field.attname for field in _CLAIM_FIELDS]
+# Positions in the claim's rows.
+ROW_ID, ROW_TOPIC, ROW_ATTEMPTS, ROW_PRIORITY, ROW_RUN_AT = (
+    _CLAIM_ATTNAMES.index(name) for name in ("id", "topic", "attempts", "priority", "run_at")
+)
 
 
-def _message_from_row(row, using, connection):
+def message_from_row(row):
     """A Message from the claim's RETURNING row, as ``Model.from_db`` would
     build it, without ``Model.__init__`` (the claim is the hot path)."""
     message = Message.__new__(Message)
@@ -297,13 +315,13 @@ def _message_from_row(row, using, connection):
     for attname in _TIMESTAMP_ATTNAMES:
         values[attname] = timestamp_from_text(values[attname])
     state = values["_state"] = ModelState()
-    state.adding, state.db = False, using
+    state.adding, state.db = False, alias()
     message.__dict__ = values
     return message
 
 
-def _claim_order(message):
-    return (-message.priority, message.run_at, message.id)
+def _claim_order(row):
+    return (-row[ROW_PRIORITY], timestamp_from_text(row[ROW_RUN_AT]), row[ROW_ID])
 
 
 def _leased(message, using):

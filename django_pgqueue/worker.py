@@ -129,7 +129,9 @@ DONE, ACK_PENDING, FAILED, LOST = "done", "ack_pending", "failed", "lost"
 
 @dataclass(eq=False)
 class _Job:
-    message: object
+    # The claim's row; the Message is built from it when first needed, in a
+    # handler thread: the main loop goes on to its next claim sooner.
+    row: tuple
     spec: object
     started: float | None = None  # time.monotonic() when a thread picked it up
     deadline: float | None = None
@@ -140,6 +142,14 @@ class _Job:
     queued: bool = True  # submitted to the pool, no thread has taken it yet
     batch: list | None = None  # the jobs sharing its transaction (atomic handlers)
     uncommitted: bool = False  # its handler succeeded; the batch has not committed yet
+    _message: object = None
+
+    @property
+    def message(self):
+        message = self._message
+        if message is None:
+            message = self._message = lifecycle.message_from_row(self.row)
+        return message
 
 
 class Worker:
@@ -347,7 +357,7 @@ class Worker:
         acks = self._take_unacked()
         started = time.perf_counter()
         try:
-            finished, messages = lifecycle.ack_and_claim(
+            finished, rows = lifecycle.ack_and_claim_rows(
                 [job.message for job in acks],
                 self.queues,
                 asked,
@@ -357,17 +367,17 @@ class Worker:
         except BaseException:
             self._return_unacked(acks)  # flushed again next time
             raise
-        self.metrics.claimed(len(messages), time.perf_counter() - started)
+        self.metrics.claimed(len(rows), time.perf_counter() - started)
         self._acked(acks, finished)
-        self.claimed += len(messages)
-        jobs = [_Job(message=message, spec=registry.lookup(message.topic)) for message in messages]
+        self.claimed += len(rows)
+        jobs = [_Job(row=row, spec=registry.lookup(row[lifecycle.ROW_TOPIC])) for row in rows]
         with self._lock:  # all in flight before any thread starts (an atomic batch sees them)
             for job in jobs:
-                self._inflight[job.message.id] = job
+                self._inflight[job.row[lifecycle.ROW_ID]] = job
             self._queued += len(jobs)
         for job in jobs:
             self._pool.submit(job)
-        return asked, len(messages)
+        return asked, len(rows)
 
     def _inflight_count(self):
         with self._lock:
