@@ -72,14 +72,17 @@ WHERE id = ANY(%s) AND status = 'processing' AND lease_token = %s
 RETURNING id
 """
 
-# Acknowledgement of messages of several claims (each its own lease token),
-# in one statement: the atomic batches of worker.py.
-ACK_PAIRS_SQL = """
+# Acknowledgement of messages of one or more claims, in one statement: each
+# claim's messages share its lease token, so the rows go by token, each group
+# an "id = ANY(...)" that the primary key (or a hashed filter) answers. (A
+# join of (id, token) pairs against unnest() was planned as a nested loop
+# over every leased row: quadratic once several workers hold hundreds.)
+ACK_GROUPS_SQL = """
 DELETE FROM {table}
-WHERE (id, lease_token) IN (SELECT * FROM unnest(%s::bigint[], %s::uuid[]))
-    AND status = 'processing'
+WHERE status = 'processing' AND ({groups})
 RETURNING id
 """
+ACK_GROUP_SQL = "(lease_token = %s::uuid AND id = ANY(%s::bigint[]))"
 
 # The wake-up the insert trigger sends, for changes that are not inserts.
 NOTIFY_SQL = "SELECT pg_notify('django_pgqueue', queue) FROM unnest(%s::text[]) AS queue"
@@ -171,10 +174,9 @@ def ack_and_claim_rows(acks, queues, limit, worker_id, lease_seconds, now=None):
         if acks:
             # Two statements in one round trip (one implicit transaction):
             # only client-side binding takes several.
+            ack_sql, ack_params = _ack_statement(connection, acks)
             with connection.cursor() as cursor:
-                cursor.execute(
-                    _ack_pairs_sql(connection) + ";" + sql, [*_ack_params(acks), *claim_params]
-                )
+                cursor.execute(ack_sql + ";" + sql, [*ack_params, *claim_params])
                 acked = {row[0] for row in cursor.fetchall()}
                 cursor.nextset()
                 rows = cursor.fetchall()
@@ -367,28 +369,31 @@ def ack_leased(messages, async_commit=False):
     rolls back when a lease was lost. ``async_commit`` (autocommit only):
     the statement's commit does not wait for the WAL flush."""
     connection = connections[alias()]
-    sql = _ack_pairs_sql(connection)
+    sql, params = _ack_statement(connection, messages)
     with connection.cursor() as cursor:
         if async_commit:
-            cursor.execute(ASYNC_COMMIT_SQL + sql, _ack_params(messages))
+            cursor.execute(ASYNC_COMMIT_SQL + sql, params)
             cursor.nextset()  # past the SET LOCAL
         else:
-            cursor.execute(sql, _ack_params(messages))
+            cursor.execute(sql, params)
         return {row[0] for row in cursor.fetchall()}
 
 
-def _ack_params(messages):
-    """ACK_PAIRS_SQL's arrays as literals, ``{a,b,c}`` (ids and UUIDs need no
-    quoting): far cheaper than letting the driver quote lists element by
-    element."""
-    return [
-        "{" + ",".join(str(m.pk) for m in messages) + "}",
-        "{" + ",".join(str(m.lease_token) for m in messages) + "}",
-    ]
-
-
-def _ack_pairs_sql(connection):
-    return ACK_PAIRS_SQL.format(table=connection.ops.quote_name(Message._meta.db_table))
+def _ack_statement(connection, messages):
+    """ACK_GROUPS_SQL for ``messages`` and its parameters: one group per lease
+    token, the ids as an array literal, ``{a,b,c}`` (far cheaper than letting
+    the driver quote a list element by element)."""
+    groups = {}
+    for message in messages:
+        groups.setdefault(message.lease_token, []).append(message.id)
+    params = []
+    for token, ids in groups.items():
+        params += [str(token), "{" + ",".join(map(str, ids)) + "}"]
+    sql = ACK_GROUPS_SQL.format(
+        table=connection.ops.quote_name(Message._meta.db_table),
+        groups=" OR ".join([ACK_GROUP_SQL] * len(groups)),
+    )
+    return sql, params
 
 
 def _delete_leased(ids, token):

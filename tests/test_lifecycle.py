@@ -191,6 +191,26 @@ def test_ack_many_reports_which_were_still_held(make_message):
     assert list(Message.objects.values_list("pk", flat=True)) == [lost.pk]
 
 
+def test_acknowledgements_of_several_claims_each_check_their_own_token(make_message):
+    for _ in range(6):
+        make_message(run_at=NOW - SECOND)
+    first = lifecycle.claim(["default"], 3, "w", 60)
+    second = lifecycle.claim(["default"], 3, "w", 60)
+    assert first[0].lease_token != second[0].lease_token
+    # One of each claim's messages with the other claim's token: not acknowledged.
+    swapped = [
+        *first[:2],
+        *second[:2],
+        Message(pk=first[2].pk, lease_token=second[0].lease_token),
+        Message(pk=second[2].pk, lease_token=first[0].lease_token),
+    ]
+    held = {m.pk for m in first[:2] + second[:2]}
+    acked, claimed = lifecycle.ack_and_claim(swapped, ["default"], 1, "w", 60)
+    assert acked == held and claimed == []
+    assert set(Message.objects.values_list("pk", flat=True)) == {first[2].pk, second[2].pk}
+    assert lifecycle.ack_many([first[2], second[2]]) == {first[2].pk, second[2].pk}
+
+
 # --- retry, release, extend ---------------------------------------------------
 
 
