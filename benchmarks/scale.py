@@ -378,7 +378,7 @@ class _Undo(Exception):
     pass
 
 
-def capture_claim(limit):
+def capture_claim(limit, few_ready=False):
     """The statements one ``lifecycle.claim`` runs now, captured through Django's
     execute_wrapper inside a transaction that is rolled back (nothing changes).
     Returns ([(sql, params)], number of messages it would have claimed)."""
@@ -396,7 +396,9 @@ def capture_claim(limit):
     with conn.execute_wrapper(wrapper):
         try:
             with transaction.atomic(using=conn.alias):
-                got = lifecycle.claim([QUEUE], limit, CLAIM_WORKER_ID, CLAIM_LEASE_SECONDS)
+                got = lifecycle.claim(
+                    [QUEUE], limit, CLAIM_WORKER_ID, CLAIM_LEASE_SECONDS, few_ready=few_ready
+                )
                 raise _Undo
         except _Undo:
             pass
@@ -503,14 +505,16 @@ def claim_scenarios(ctx, state):
              autovacuum comes by).
     sparse - the same after ANALYZE of the quiet queue.
     empty  - nothing ready.
+    The last three claim with few_ready=True, as the worker does after a
+    claim that came back short.
     """
     from django_pgqueue import lifecycle
 
     calls, batch, small = ctx.claim_calls, ctx.claim_batch, ctx.claim_limit
     results = []
 
-    def measure(scenario, description, limit, ready, setup_each=None):
-        statements, would = capture_claim(limit)
+    def measure(scenario, description, limit, ready, setup_each=None, few_ready=False):
+        statements, would = capture_claim(limit, few_ready)
         if would != min(limit, ready):
             raise tp.CheckFailed(
                 f"{state}/{scenario}: the claim would take {would} message(s), "
@@ -522,7 +526,9 @@ def claim_scenarios(ctx, state):
             if setup_each:
                 setup_each()
             started = time.perf_counter()
-            messages = lifecycle.claim([QUEUE], limit, CLAIM_WORKER_ID, CLAIM_LEASE_SECONDS)
+            messages = lifecycle.claim(
+                [QUEUE], limit, CLAIM_WORKER_ID, CLAIM_LEASE_SECONDS, few_ready=few_ready
+            )
             times.append(1000.0 * (time.perf_counter() - started))
             if len(messages) != min(limit, ready):
                 raise tp.CheckFailed(
@@ -572,6 +578,7 @@ def claim_scenarios(ctx, state):
         small,
         1,
         setup_each=_first_call_skipped(lambda: insert_ready(1)),
+        few_ready=True,
     )
 
     execute(f"VACUUM ANALYZE {MESSAGE_TABLE}")  # statistics of the quiet queue
@@ -582,8 +589,9 @@ def claim_scenarios(ctx, state):
         small,
         1,
         setup_each=_first_call_skipped(lambda: insert_ready(1)),
+        few_ready=True,
     )
-    measure("empty", f"nothing ready, asks {small}", small, 0)
+    measure("empty", f"nothing ready, asks {small}", small, 0, few_ready=True)
     delete_bench_rows()
     return results
 

@@ -19,10 +19,12 @@ def prepared_cursor(connection):
     prepared statements (1.21+ with ``max_prepared_statements``): psycopg
     then never prepares, and this stays a plain parameterised statement.
     """
+    if connection.queries_logged:
+        # DEBUG, or a test capturing queries: the query log wants the SQL as
+        # sent, which Django reads from client-side binding cursors only.
+        return connection.cursor()
     connection.ensure_connection()
     with connection.wrap_database_errors:
         cursor = ServerBindingCursor(connection.connection)
     connection.validate_thread_sharing()
-    if connection.queries_logged:
-        return connection.make_debug_cursor(cursor)
     return connection.make_cursor(cursor)

@@ -126,7 +126,7 @@ def _log_lease_lost(message, what):
     )
 
 
-def claim(queues, limit, worker_id, lease_seconds, now=None):
+def claim(queues, limit, worker_id, lease_seconds, now=None, few_ready=False):
     """Lease up to ``limit`` ready messages of ``queues`` to ``worker_id``.
 
     One statement per queue (queues in the order given, until ``limit``):
@@ -135,11 +135,20 @@ def claim(queues, limit, worker_id, lease_seconds, now=None):
     ``select_for_update(skip_locked=True)`` in claim order (priority, run_at,
     id), returning them. Concurrent workers never wait for each other and
     never take the same row. Returns the messages as leased, in claim order.
+
+    ``few_ready``: the caller expects fewer ready messages than ``limit``
+    (the worker, after a claim that came back short). The rows are then
+    picked oldest first through the due index, which holds them at its head
+    whatever the planner's statistics say; the claim index would, with
+    statistics left over from a backlog, walk every delayed message of the
+    same priority. While fewer than ``limit`` are ready the result is the
+    same (all of them, returned in claim order); if more are, this claim
+    takes the oldest rather than the most urgent ones.
     """
-    return ack_and_claim((), queues, limit, worker_id, lease_seconds, now)[1]
+    return ack_and_claim((), queues, limit, worker_id, lease_seconds, now, few_ready)[1]
 
 
-def ack_and_claim(acks, queues, limit, worker_id, lease_seconds, now=None):
+def ack_and_claim(acks, queues, limit, worker_id, lease_seconds, now=None, few_ready=False):
     """Acknowledge ``acks`` (finished messages of atomic=False handlers, as
     ``ack_many``) and claim (as ``claim``) in one round trip: the worker's
     main loop does both every cycle. Returns (the acknowledged ids, the
@@ -149,11 +158,11 @@ def ack_and_claim(acks, queues, limit, worker_id, lease_seconds, now=None):
     server crash it may be lost and the message delivered again, which
     atomic=False handlers accept (at-least-once).
     """
-    acked, rows = ack_and_claim_rows(acks, queues, limit, worker_id, lease_seconds, now)
+    acked, rows = ack_and_claim_rows(acks, queues, limit, worker_id, lease_seconds, now, few_ready)
     return acked, [message_from_row(row) for row in rows]
 
 
-def ack_and_claim_rows(acks, queues, limit, worker_id, lease_seconds, now=None):
+def ack_and_claim_rows(acks, queues, limit, worker_id, lease_seconds, now=None, few_ready=False):
     """``ack_and_claim``, the claimed messages as the statement's rows (in
     claim order), for ``message_from_row``: the worker's main loop leaves
     building them to the handler threads."""
@@ -168,7 +177,13 @@ def ack_and_claim_rows(acks, queues, limit, worker_id, lease_seconds, now=None):
     # cannot use the index order and would sort every waiting row).
     for name in queues:
         sql, claim_params = claim_statement(
-            using, name, limit - len(claimed), worker_id, now, async_commit
+            using,
+            name,
+            limit - len(claimed),
+            worker_id,
+            now=now,
+            async_commit=async_commit,
+            few_ready=few_ready,
         )
         claim_params[1:3] = [token, lease_seconds]
         if acks:
@@ -242,16 +257,26 @@ _CLAIM_FIELDS = list(Message._meta.concrete_fields)
 _QUEUE_SENTINEL = "\x00queue"  # no queue name can contain NUL
 
 
-def claim_statement(using, queue, limit, worker_id, now=None, lease_seconds=60, async_commit=False):
+def claim_statement(
+    using,
+    queue,
+    limit,
+    worker_id,
+    now=None,
+    lease_seconds=60,
+    *,
+    async_commit=False,
+    few_ready=False,
+):
     """The claim's UPDATE for one queue and its parameters (also for EXPLAIN)."""
-    sql, pick_params = _claim_sql(using, limit, now is not None, async_commit)
+    sql, pick_params = _claim_sql(using, limit, now is not None, async_commit, few_ready)
     params = [now, None, lease_seconds, worker_id]
     params += [queue if p == _QUEUE_SENTINEL else p for p in pick_params]
     return sql, params
 
 
 @functools.lru_cache(maxsize=256)
-def _claim_sql(using, limit, fixed_now, async_commit):
+def _claim_sql(using, limit, fixed_now, async_commit, few_ready):
     """The claim statement for ``limit`` rows, and its subquery's parameters
     (the queue name as _QUEUE_SENTINEL).
 
@@ -269,7 +294,8 @@ def _claim_sql(using, limit, fixed_now, async_commit):
         .select_for_update(skip_locked=True)
         .filter(status=Status.WAITING, queue=_QUEUE_SENTINEL)
         .filter(run_at__lte=ready_until)
-        .order_by("-priority", "run_at", "id")
+        # Oldest first when few are ready: the due index's order (see claim()).
+        .order_by(*(("run_at",) if few_ready else ("-priority", "run_at", "id")))
         .values("pk")[:limit]
     )
     # select_for_update compiles only inside a transaction; nothing runs here.

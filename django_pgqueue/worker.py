@@ -213,6 +213,7 @@ class Worker:
         self._unacked = {}  # message id -> _Job done, acknowledgement not yet flushed
         self._ack_due = None  # time.monotonic() by which the unacked must be flushed
         self._acking = 0  # acknowledgements a handler thread is sending
+        self._few_ready = False  # the last claim came back short
         self._queued = 0  # jobs in _inflight that no thread has taken yet
         self._pool = None
         self._threads = []
@@ -363,11 +364,14 @@ class Worker:
                 asked,
                 self.worker_id,
                 self.lease_seconds,
+                few_ready=self._few_ready,
             )
         except BaseException:
             self._return_unacked(acks)  # flushed again next time
             raise
         self.metrics.claimed(len(rows), time.perf_counter() - started)
+        # After a short claim the next one expects few (lifecycle.claim's few_ready).
+        self._few_ready = len(rows) < asked
         self._acked(acks, finished)
         self.claimed += len(rows)
         jobs = [_Job(row=row, spec=registry.lookup(row[lifecycle.ROW_TOPIC])) for row in rows]

@@ -9,6 +9,7 @@ import uuid
 import pytest
 from django.db import connections, transaction
 from django.db.models import Q
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_pgqueue import lifecycle, maintenance
@@ -72,7 +73,7 @@ def test_claim_sets_the_lease_counts_the_attempt_and_respects_the_limit(make_mes
 
 
 def test_the_claim_is_one_prepared_statement_and_leaves_a_callers_commit_durable(make_message):
-    for _ in range(8):
+    for _ in range(9):
         make_message(run_at=NOW - SECOND)
     for _ in range(6):  # past psycopg's prepare_threshold (the testproject's 5)
         assert len(lifecycle.claim(["default"], 1, "w", 60)) == 1
@@ -87,6 +88,9 @@ def test_the_claim_is_one_prepared_statement_and_leaves_a_callers_commit_durable
         cursor.execute("SHOW synchronous_commit")
         assert cursor.fetchone()[0] == "on"
     # The worker's own (autocommit) claim sets it for its transaction alone.
+    with CaptureQueriesContext(connections["default"]) as queries:
+        assert len(lifecycle.claim(["default"], 1, "w", 60)) == 1
+    assert "set_config('synchronous_commit', 'off', true)" in queries.captured_queries[-1]["sql"]
     sql, params = lifecycle.claim_statement("default", "default", 1, "w", async_commit=True)
     params[1] = uuid.uuid4()
     with transaction.atomic(), connections["default"].cursor() as cursor:
@@ -160,6 +164,57 @@ def test_claim_plan_does_not_read_finished_delayed_or_leased_rows(make_message):
     top = next(line for line in lines[lock_rows:] if line.strip().startswith("Buffers:"))
     buffers = sum(int(part.split("=")[1]) for part in top.split() if "=" in part)
     assert buffers < 30, f"picking 10 rows touched {buffers} buffers:\n{plan}"
+
+
+def _picking_buffers(sql, params):
+    """EXPLAIN (ANALYZE, BUFFERS) of a claim, rolled back: (plan, buffers of
+    the row picking: the LockRows subtree)."""
+    params[1] = uuid.uuid4()
+    with transaction.atomic(), connections["default"].cursor() as cursor:
+        cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        transaction.set_rollback(True)
+    lines = plan.splitlines()
+    lock_rows = next(i for i, line in enumerate(lines) if "LockRows" in line)
+    top = next(line for line in lines[lock_rows:] if line.strip().startswith("Buffers:"))
+    return plan, sum(int(part.split("=")[1]) for part in top.split() if "=" in part)
+
+
+def test_a_claim_expecting_few_reads_the_due_index_whatever_the_statistics_say(make_message):
+    """Statistics taken with a backlog, the backlog gone, one message ready
+    among 30,000 delayed ones: the few_ready claim (the worker's after a short
+    claim) reads the head of the due index."""
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO django_pgqueue_message (topic, payload, run_at)
+            SELECT 'bulk', '{}', now() + interval '1 hour' FROM generate_series(1, 30000);
+            INSERT INTO django_pgqueue_message (topic, payload, run_at)
+            SELECT 'backlog', '{}', now() - interval '1 minute' FROM generate_series(1, 20000);
+            ANALYZE django_pgqueue_message;
+            DELETE FROM django_pgqueue_message WHERE topic = 'backlog';
+            """
+        )
+        cursor.execute("VACUUM django_pgqueue_message")  # the dead rows go, the statistics stay
+    make_message(run_at=NOW - SECOND)
+    sql, params = lifecycle.claim_statement("default", "default", 16, "w", few_ready=True)
+    plan, buffers = _picking_buffers(sql, params)
+    assert "pgqueue_msg_due_idx" in plan and "Seq Scan" not in plan, plan
+    assert buffers < 30, f"picking 1 row touched {buffers} buffers:\n{plan}"
+
+
+def test_a_claim_expecting_few_takes_them_all_in_claim_order_or_the_oldest(make_message):
+    low_old = make_message(run_at=NOW - 3 * SECOND, priority=0)
+    high_new = make_message(run_at=NOW - SECOND, priority=5)
+    middle = make_message(run_at=NOW - 2 * SECOND, priority=0)
+    claimed = lifecycle.claim(["default"], 10, "w", 60, few_ready=True)
+    assert [m.pk for m in claimed] == [high_new.pk, low_old.pk, middle.pk]
+    Message.objects.all().delete()
+    oldest = [make_message(run_at=NOW - (10 - n) * SECOND) for n in range(3)]
+    make_message(run_at=NOW - SECOND, priority=9)
+    # More ready than asked: this one claim takes the oldest, not the most urgent.
+    claimed = lifecycle.claim(["default"], 3, "w", 60, few_ready=True)
+    assert [m.pk for m in claimed] == [m.pk for m in oldest]
 
 
 # --- ack ----------------------------------------------------------------------
