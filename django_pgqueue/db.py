@@ -4,8 +4,9 @@ from django.db.backends.postgresql.base import ServerBindingCursor
 
 
 def prepared_cursor(connection):
-    """A Django cursor (execute wrappers and the query log see its queries)
-    over a psycopg cursor that binds parameters on the server.
+    """A Django cursor (execute wrappers see its queries) over a psycopg
+    cursor that binds parameters on the server; while the query log is on,
+    Django's ordinary cursor (see below).
 
     Django's default cursor interpolates the parameters on the client, so the
     server parses and plans every statement again. With server-side binding,

@@ -66,13 +66,8 @@ ON CONFLICT (worker_id) DO UPDATE SET heartbeat_at = now(), expires_at = EXCLUDE
 # Acknowledgement: the ORM cannot return the ids a DELETE removed, and
 # QuerySet.delete() adds a transaction of its own (three round trips instead
 # of one). The guard is the lease: only rows this lease still holds go.
-ACK_SQL = """
-DELETE FROM {table}
-WHERE id = ANY(%s) AND status = 'processing' AND lease_token = %s
-RETURNING id
-"""
-
-# Acknowledgement of messages of one or more claims, in one statement: each
+#
+# Messages of one or more claims are acknowledged in one statement: each
 # claim's messages share its lease token, so the rows go by token, each group
 # an "id = ANY(...)" that the primary key (or a hashed filter) answers. (A
 # join of (id, token) pairs against unnest() was planned as a nested loop
@@ -366,7 +361,7 @@ def ack(message):
     handler's writes and the removal commit together. False: the lease was
     lost, and the caller must roll back.
     """
-    if _delete_leased([message.pk], message.lease_token):
+    if ack_leased([message]):
         return True
     _log_lease_lost(message, "not acknowledged")
     return False
@@ -409,25 +404,15 @@ def _ack_statement(connection, messages):
     """ACK_GROUPS_SQL for ``messages`` and its parameters: one group per lease
     token, the ids as an array literal, ``{a,b,c}`` (far cheaper than letting
     the driver quote a list element by element)."""
-    groups = {}
-    for message in messages:
-        groups.setdefault(message.lease_token, []).append(message.id)
+    groups = _by_token(messages)
     params = []
-    for token, ids in groups.items():
-        params += [str(token), "{" + ",".join(map(str, ids)) + "}"]
+    for token, group in groups.items():
+        params += [str(token), "{" + ",".join(str(m.id) for m in group) + "}"]
     sql = ACK_GROUPS_SQL.format(
         table=connection.ops.quote_name(Message._meta.db_table),
         groups=" OR ".join([ACK_GROUP_SQL] * len(groups)),
     )
     return sql, params
-
-
-def _delete_leased(ids, token):
-    connection = connections[alias()]
-    sql = ACK_SQL.format(table=connection.ops.quote_name(Message._meta.db_table))
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [ids, token])
-        return {row[0] for row in cursor.fetchall()}
 
 
 def retry_later(message, delay, category, error, now=None):

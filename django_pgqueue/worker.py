@@ -517,18 +517,15 @@ class Worker:
 
     def _ack_from_handler_thread(self, jobs):
         try:
-            finished = lifecycle.ack_many([job.message for job in jobs])
+            self._send_acks(jobs)
         except BaseException as exc:  # noqa: BLE001  (the main loop flushes them again)
             _drop_broken_connections()
-            self._return_unacked(jobs)
             logger.warning(
                 "Worker %s: could not acknowledge %s message(s) (%s); retrying",
                 self.worker_id,
                 len(jobs),
                 _first_line(exc),
             )
-        else:
-            self._acked(jobs, finished)
         finally:
             with self._lock:
                 self._acking = 0
@@ -769,8 +766,11 @@ class Worker:
 
     def _flush_acks(self):
         jobs = self._take_unacked()
-        if not jobs:
-            return
+        if jobs:
+            self._send_acks(jobs)
+
+    def _send_acks(self, jobs):
+        """Acknowledge ``jobs``; on failure they wait to be flushed again."""
         try:
             finished = lifecycle.ack_many([job.message for job in jobs])
         except BaseException:
