@@ -1,7 +1,9 @@
 """Wake-up notifications.
 
-The insert trigger (created by migration 0002) sends one ``NOTIFY`` on
-``CHANNEL`` per statement and queue, with the queue's name as the payload.
+The insert trigger (created by migration 0002; its function as of 0007)
+calls ``pg_notify(CHANNEL, queue)`` for each waiting row inserted, and
+PostgreSQL folds identical notifications within a transaction: listeners get
+one per transaction and queue, with the queue's name as the payload.
 PostgreSQL delivers it when the inserting transaction commits, whichever
 client inserted. It is a hint that work is ready, never the delivery path:
 workers also poll, because NOTIFY is at-most-once.

@@ -111,6 +111,25 @@ def test_one_notify_per_statement_and_queue_not_per_row(listener):
     assert sorted(got) == [(CHANNEL, "a"), (CHANNEL, "b")]
 
 
+def test_one_notify_per_transaction_and_queue_across_statements(listener):
+    # The trigger calls pg_notify() per row; PostgreSQL folds the duplicates.
+    with transaction.atomic():
+        for n in range(20):
+            enqueue("t", n, queue="a" if n % 2 else "b")
+        enqueue_many([{"payload": n} for n in range(30)], topic="t", queue="a")
+    got = listener.wait_for(2)
+    got += listener.received(timeout=0.3)
+    assert sorted(got) == [(CHANNEL, "a"), (CHANNEL, "b")]
+
+
+def test_rows_inserted_not_waiting_notify_nobody(listener, other_connection):
+    other_connection.execute(
+        "INSERT INTO django_pgqueue_message (topic, payload, status)"
+        " VALUES ('from.sql', '{}', 'done')"
+    )
+    assert listener.received(timeout=0.3) == []
+
+
 def test_raw_sql_insert_gets_defaults_and_a_notification(listener, other_connection):
     other_connection.execute(
         "INSERT INTO django_pgqueue_message (topic, payload) VALUES ('from.sql', '{\"x\": 1}')"
