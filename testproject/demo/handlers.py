@@ -195,3 +195,52 @@ def bench_noop_nonatomic(message):
 @handler("bench.latency")
 def bench_latency(message):
     record(message)  # handled_at is taken when the handler starts its write
+
+
+# --- for benchmarks/chaos.py ---------------------------------------------------
+# The payload says how each attempt goes: {"fail": {"<attempt>": "<kind>"}}
+# raises the exception of that kind on that attempt (attempts count rescues
+# too), {"sleep": seconds} holds the handler first, so that a fault finds
+# messages in flight. An attempt that does not fail writes its ledger row
+# (demo.Handled) last: for an atomic topic that row commits with the
+# acknowledgement or not at all; for a non-atomic one it commits on its own,
+# before the acknowledgement, as any non-atomic handler's effects do.
+
+CHAOS_FAILURES = {
+    "transient": lambda: TimeoutError("chaos: the downstream call timed out"),
+    "dependency": lambda: ConnectionError("chaos: the downstream service refused"),
+    "permanent": lambda: Permanent("chaos: malformed"),
+    "business": lambda: ValidationError("chaos: the order was cancelled"),
+    "unknown": lambda: RuntimeError("chaos: something unexpected"),
+    "retry": lambda: Retry(after=0.05),
+}
+
+
+def chaos(message):
+    time.sleep(message.payload.get("sleep", 0))
+    kind = message.payload.get("fail", {}).get(str(message.attempts))
+    if kind is not None:
+        raise CHAOS_FAILURES[kind]()
+    record(message)
+
+
+# Two atomic and two non-atomic topics, so that several topics share the
+# workers' claims and batches.
+@handler("chaos.orders", backoff_base=0.05, backoff_cap=0.5)
+def chaos_orders(message):
+    chaos(message)
+
+
+@handler("chaos.invoices", backoff_base=0.05, backoff_cap=0.5)
+def chaos_invoices(message):
+    chaos(message)
+
+
+@handler("chaos.emails", atomic=False, backoff_base=0.05, backoff_cap=0.5)
+def chaos_emails(message):
+    chaos(message)
+
+
+@handler("chaos.webhooks", atomic=False, backoff_base=0.05, backoff_cap=0.5)
+def chaos_webhooks(message):
+    chaos(message)
