@@ -378,26 +378,22 @@ class Faults:
         return with_retry(count, "counting leased messages")
 
     def kill9(self):
-        victim = self.workers.victim()
-        if victim is None:
-            return
-        exposed = self.leased(victim.pid)
-        self.workers.signal(victim, signal.SIGKILL)
-        self.exposed += exposed
-        self.workers.start()
-        log(f"fault: kill -9 worker {victim.pid} ({exposed} leased); replaced")
+        self._signal_and_replace(signal.SIGKILL, "kill -9")
 
     def sigterm(self):
+        # A graceful stop finishes or hands back what it holds; counted as
+        # exposed all the same, so the bound never relies on that.
+        self._signal_and_replace(signal.SIGTERM, "SIGTERM")
+
+    def _signal_and_replace(self, signum, label):
         victim = self.workers.victim()
         if victim is None:
             return
-        # A graceful stop finishes or hands back what it holds; counted as
-        # exposed all the same, so the bound never relies on that.
         exposed = self.leased(victim.pid)
-        self.workers.signal(victim, signal.SIGTERM)
+        self.workers.signal(victim, signum)
         self.exposed += exposed
         self.workers.start()
-        log(f"fault: SIGTERM worker {victim.pid} ({exposed} leased); replaced")
+        log(f"fault: {label} worker {victim.pid} ({exposed} leased); replaced")
 
     def terminate(self):
         from django.db import connection
