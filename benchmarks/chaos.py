@@ -266,7 +266,9 @@ class Workers:
                 continue
             self.live.remove(popen)
             sent = self.signalled.get(popen.pid)
-            if sent == signal.SIGKILL or (sent == signal.SIGTERM and code == 0):
+            # SIGTERM: exit 0 after a graceful stop, or -15 when it came before
+            # the worker had installed its handler (it was still starting).
+            if sent == signal.SIGKILL or (sent == signal.SIGTERM and code in (0, -signal.SIGTERM)):
                 continue
             self.unexpected_exits.append((popen.pid, code, str(popen.log_path)))
             log(f"worker {popen.pid} exited with {code} unasked: see {popen.log_path}")
@@ -281,7 +283,7 @@ class Workers:
 
     def stop_all(self, timeout=60):
         for popen in self.live:
-            if popen.poll() is None:
+            if popen.poll() is None and popen.pid not in self.signalled:
                 self.signal(popen, signal.SIGTERM)
         deadline = time.monotonic() + timeout
         for popen in self.live:

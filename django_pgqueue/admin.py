@@ -15,6 +15,7 @@ import json
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.core.exceptions import PermissionDenied
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db.models import BooleanField, ExpressionWrapper, Q, TextField
@@ -102,7 +103,11 @@ def _report(modeladmin, request, result):
 
 def _intermediate_page(modeladmin, request, queryset, action_name, form, **context):
     """Render an action's intermediate page (see action_form.html)."""
-    select_across = request.POST.get("select_across") in ("1", "True", "true", "on")
+    # Read as the changelist read it (the ActionForm's BooleanField), so the
+    # page posts back the selection it counted.
+    select_across = helpers.ActionForm.base_fields["select_across"].to_python(
+        request.POST.get("select_across")
+    )
     count = queryset.count()
     examples = list(queryset.order_by("pk")[:EXAMPLES])
     opts = modeladmin.model._meta
@@ -131,7 +136,18 @@ def _applied_form(request, form_class, **initial):
     return form_class(initial=initial)
 
 
-class QueueAdminMixin:
+class NulFreeLookupsMixin:
+    """PostgreSQL text cannot hold NUL: a filter or search value with one
+    would fail in the database (a server error). It is refused as Django
+    refuses any unusable filter value (a redirect to ``?e=1``)."""
+
+    def get_changelist_instance(self, request):
+        if any("\x00" in value for _, values in request.GET.lists() for value in values):
+            raise IncorrectLookupParameters("a NUL character in the query string")
+        return super().get_changelist_instance(request)
+
+
+class QueueAdminMixin(NulFreeLookupsMixin):
     """Rows live on the queue's database (``PGQUEUE["DATABASE"]``); the payload
     is searched as text and shown as indented JSON; nothing
     is added or deleted here (rows come from enqueue and go through the
@@ -595,7 +611,7 @@ class AliveFilter(admin.SimpleListFilter):
 
 
 @admin.register(WorkerHeartbeat)
-class WorkerHeartbeatAdmin(admin.ModelAdmin):
+class WorkerHeartbeatAdmin(NulFreeLookupsMixin, admin.ModelAdmin):
     """Read only: rows are written by the workers' heartbeats. A worker that
     stopped cleanly has no row; a dead one shows as not alive for a day."""
 

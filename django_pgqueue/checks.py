@@ -15,7 +15,23 @@ def register():
 
 
 def check_settings(app_configs=None, **kwargs):
-    return [checks.Error(msg, hint=hint, id=id_) for id_, msg, hint in conf.validate()]
+    errors = [checks.Error(msg, hint=hint, id=id_) for id_, msg, hint in conf.validate()]
+    return errors or _check_timeouts()
+
+
+def _check_timeouts():
+    lock, statement = conf.get("LOCK_TIMEOUT"), conf.get("STATEMENT_TIMEOUT")
+    if lock is not None and statement is not None and lock >= statement:
+        return [
+            checks.Warning(
+                f"PGQUEUE['LOCK_TIMEOUT'] ({lock}s) is not shorter than "
+                f"PGQUEUE['STATEMENT_TIMEOUT'] ({statement}s): a worker statement that "
+                "waits for a lock is cancelled by the statement timeout first.",
+                hint="Make LOCK_TIMEOUT a few seconds and STATEMENT_TIMEOUT well above it.",
+                id="pgqueue.W101",
+            )
+        ]
+    return []
 
 
 def check_database(app_configs=None, **kwargs):
@@ -40,7 +56,40 @@ def check_database(app_configs=None, **kwargs):
             )
         )
     errors.extend(_check_psycopg())
+    errors.extend(_check_pooling(alias, settings.DATABASES[alias]))
     return errors
+
+
+def _check_pooling(alias, database):
+    """Settings the worker cannot work with, and settings that cannot work
+    together behind a transaction-pooling PgBouncer (which a project signals
+    with DISABLE_SERVER_SIDE_CURSORS, as Django's documentation asks)."""
+    problems = []
+    if database.get("OPTIONS", {}).get("server_side_binding"):
+        problems.append(
+            checks.Error(
+                f"The queue database {alias!r} has OPTIONS server_side_binding=True: the "
+                "worker sends an acknowledgement and a claim (and its limits) in one round "
+                "trip, which needs Django's default client-side binding.",
+                hint="Remove server_side_binding; django-pgqueue binds its hot statements on "
+                "the server where that helps, and prepares them with prepare_threshold.",
+                id="pgqueue.E105",
+            )
+        )
+    if database.get("DISABLE_SERVER_SIDE_CURSORS") and conf.get("NOTIFY"):
+        problems.append(
+            checks.Warning(
+                f"The queue database {alias!r} has DISABLE_SERVER_SIDE_CURSORS (as behind "
+                "PgBouncer in transaction pooling) but PGQUEUE['NOTIFY'] is True: a "
+                "transaction pooler does not deliver LISTEN's notifications, so workers "
+                "would wake only every POLL_INTERVAL and leave LISTENs on pooled server "
+                "connections.",
+                hint="Set PGQUEUE['NOTIFY'] = False (poll-only) and run manage.py migrate, or "
+                "point the queue database at PostgreSQL or a session-pooling PgBouncer.",
+                id="pgqueue.W102",
+            )
+        )
+    return problems
 
 
 def _check_psycopg():

@@ -7,13 +7,15 @@ problems that ``checks.py`` turns into system-check errors.
 
 import difflib
 import re
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 # Names of queues and topics travel in NOTIFY payloads, log lines, metric
-# labels and URLs: keep them to a plain, printable alphabet.
-NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:/-]*$")
+# labels and URLs: keep them to a plain, printable alphabet. \Z, not $: "$"
+# also matches before a trailing newline ("default\n").
+NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:/-]*\Z")
 QUEUE_MAX_LENGTH = 100
 TOPIC_MAX_LENGTH = 200
 KEY_MAX_LENGTH = 255  # dedup_key, group_key
@@ -68,6 +70,17 @@ DEFAULTS = {
     # Seconds between a worker's heartbeats (its row in the worker table). A
     # worker counts as alive until three intervals pass without one.
     "HEARTBEAT_INTERVAL": 10.0,
+    # Limits on the worker's own statements (claim, acknowledgement, lease
+    # extension, heartbeat, retries and dead-lettering, maintenance), in
+    # seconds; None keeps the server's setting. Set per transaction (SET
+    # LOCAL), so they never reach a handler's own queries and hold behind
+    # PgBouncer in transaction pooling. LOCK_TIMEOUT: how long one of them
+    # waits for a row or table lock that another transaction holds before it
+    # fails and is retried (the worker's statements skip or never wait for
+    # each other's locks). STATEMENT_TIMEOUT: the longest one may run; they
+    # take milliseconds, so one that runs this long is stuck.
+    "LOCK_TIMEOUT": 5.0,
+    "STATEMENT_TIMEOUT": 60.0,
     # Who may read the metrics and health URLs of django_pgqueue.urls:
     # "open" (anyone), "staff" (a logged-in staff user) or "token" (an
     # "Authorization: Bearer <ENDPOINT_TOKEN>" header).
@@ -163,6 +176,25 @@ def _factor(value):
     return "must be a number of at least 1"
 
 
+# PostgreSQL's timeouts are whole milliseconds up to INT_MAX.
+DB_TIMEOUT_MAX = 2_147_483.0
+
+
+def _db_timeout(value):
+    if value is None:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if 0.001 <= value <= DB_TIMEOUT_MAX:
+            return None
+    return f"must be a number of seconds from 0.001 to {DB_TIMEOUT_MAX:.0f}, or None"
+
+
+def milliseconds(seconds):
+    """A LOCK_TIMEOUT or STATEMENT_TIMEOUT as PostgreSQL reads it ("5000ms"),
+    or None."""
+    return None if seconds is None else f"{max(1, round(seconds * 1000))}ms"
+
+
 def _webhook_timeout(value):
     # The alert handler's own timeout is 60 s: a request must give up first.
     if isinstance(value, int | float) and not isinstance(value, bool) and 0 < value <= 50:
@@ -209,6 +241,24 @@ def _http_url(value):
         return None
     if not isinstance(value, str) or not re.match(r"^https?://[^\s/]+", value):
         return "must be an http:// or https:// URL, or None"
+    return None
+
+
+def _webhook_url(value):
+    problem = _http_url(value)
+    if problem or value is None:
+        return problem
+    try:
+        netloc = urlsplit(value).netloc
+    except ValueError:  # e.g. an unclosed IPv6 bracket
+        return "must be a valid http:// or https:// URL, or None"
+    if "@" in netloc:
+        # urllib sends no credentials from the URL (and would put them into
+        # its error messages): they belong in a header.
+        return (
+            "must not carry a user name or password (user:password@host); send them in "
+            "ALERT_WEBHOOK_HEADERS, e.g. an Authorization header"
+        )
     return None
 
 
@@ -308,10 +358,12 @@ _VALIDATORS = {
     "POLL_INTERVAL": _positive_number,
     "QUEUES": _queues,
     "HEARTBEAT_INTERVAL": _positive_number,
+    "LOCK_TIMEOUT": _db_timeout,
+    "STATEMENT_TIMEOUT": _db_timeout,
     "METRICS_ACCESS": _access,
     "HEALTH_ACCESS": _access,
     "ENDPOINT_TOKEN": _token,
-    "ALERT_WEBHOOK_URL": _http_url,
+    "ALERT_WEBHOOK_URL": _webhook_url,
     "ALERT_WEBHOOK_HEADERS": _headers,
     "ALERT_WEBHOOK_TIMEOUT": _webhook_timeout,
     "ALERT_WEBHOOK_RETRIES": _non_negative_int,
@@ -369,5 +421,6 @@ def validate():
     return problems
 
 
-# Settings whose values are secrets: never echoed in check messages or logs.
-SECRET_KEYS = frozenset({"ENDPOINT_TOKEN", "ALERT_WEBHOOK_HEADERS"})
+# Settings whose values are secrets: never echoed in check messages or logs
+# (a webhook URL may carry a token in its path or query string).
+SECRET_KEYS = frozenset({"ENDPOINT_TOKEN", "ALERT_WEBHOOK_HEADERS", "ALERT_WEBHOOK_URL"})

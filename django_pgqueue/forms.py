@@ -8,7 +8,9 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.forms.fields import InvalidJSONInput
 
 from . import conf
+from .exceptions import InvalidMessage
 from .models import Category, DeadLetter, DeadLetterState
+from .producer import check_payload
 
 
 class CategoryForm(forms.Form):
@@ -65,7 +67,27 @@ class PrettyJSONField(forms.JSONField):
     def prepare_value(self, value):
         if isinstance(value, InvalidJSONInput):
             return value
-        return json.dumps(value, indent=2, ensure_ascii=False, cls=self.encoder)
+        try:
+            return json.dumps(value, indent=2, ensure_ascii=False, cls=self.encoder)
+        except RecursionError:  # too deep to indent in the template's stack: one line
+            return json.dumps(value, ensure_ascii=False, cls=self.encoder)
+
+    # json.loads raises RecursionError, not a decode error, past Python's
+    # nesting limit: a form error, not a server error.
+    def to_python(self, value):
+        try:
+            return super().to_python(value)
+        except RecursionError:
+            raise forms.ValidationError(_TOO_DEEP, code="invalid") from None
+
+    def bound_data(self, data, initial):
+        try:
+            return super().bound_data(data, initial)
+        except RecursionError:
+            return InvalidJSONInput(data)
+
+
+_TOO_DEEP = "The JSON is nested too deeply."
 
 
 class DeadLetterPayloadForm(forms.ModelForm):
@@ -78,6 +100,14 @@ class DeadLetterPayloadForm(forms.ModelForm):
     class Meta:
         model = DeadLetter
         fields = ["payload"]
+
+    def clean_payload(self):
+        payload = self.cleaned_data["payload"]
+        try:
+            check_payload(payload)  # what enqueue() refuses (NaN, lone surrogates, ...)
+        except InvalidMessage as exc:
+            raise forms.ValidationError(str(exc)) from None
+        return payload
 
     def clean(self):
         data = super().clean()

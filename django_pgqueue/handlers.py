@@ -35,7 +35,7 @@ import json
 import logging
 import urllib.error
 import urllib.request
-from urllib.parse import urlsplit
+from urllib.parse import unquote_plus, urlsplit
 
 from . import __version__, conf
 from .exceptions import Permanent, PgQueueError
@@ -160,8 +160,18 @@ def _describe(exc, timeout):
 
 def _secrets(url):
     """What must not appear in a log line or an exception message: the header
-    values (and their words, e.g. the token of "Bearer <token>") and the URL."""
+    values (and their words, e.g. the token of "Bearer <token>"), the URL, and
+    the parts of the URL that may be credentials, as written and decoded: its
+    password, its query values and its path segments (a Slack webhook's token
+    is its last path segment); words under 8 characters only as a password."""
     secrets = {url}
+    parts = urlsplit(url)
+    words = [pair.partition("=")[2] for pair in parts.query.split("&")]
+    words += parts.path.split("/")
+    words = [*words, *map(unquote_plus, words)]
+    secrets.update(word for word in words if len(word) >= 8)
+    if parts.password:
+        secrets.update({parts.password, unquote_plus(parts.password)})
     for value in (conf.get("ALERT_WEBHOOK_HEADERS") or {}).values():
         if isinstance(value, str) and value:
             secrets.add(value)

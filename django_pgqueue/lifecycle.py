@@ -18,6 +18,7 @@ rescued message, and a rescue never overwrites a finished one.
 ``now`` is a parameter wherever time matters; None means the database's clock.
 """
 
+import contextlib
 import datetime
 import functools
 import json
@@ -26,7 +27,7 @@ import uuid
 from dataclasses import dataclass
 
 from django.db import connections, transaction
-from django.db.models import DateTimeField, F, QuerySet, Value
+from django.db.models import DateTimeField, F, Q, QuerySet, Subquery, Value
 from django.db.models.base import ModelState
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce, Greatest, Now
@@ -42,14 +43,17 @@ logger = logging.getLogger(__name__)
 # due run_at of its queues and the oldest lease expiry (of any queue). One
 # query per poll interval, a sleep that does not depend on the worker's clock
 # agreeing with the database's, and maintenance only when a lease expired.
-# Each subquery reads the head of a partial index.
+# Each subquery reads the head of a partial index. A row written by another
+# client may hold 'infinity' or '-infinity', which Python cannot load: the
+# first reads as "never" (NULL), the second as "now".
 PROBE_SQL = """
 SELECT now(),
-    (SELECT min(head.run_at) FROM unnest(%s::text[]) AS q(name), LATERAL (
-        SELECT run_at FROM {table} WHERE status = 'waiting' AND queue = q.name
-        ORDER BY run_at LIMIT 1) AS head),
-    (SELECT min(lease_expires_at) FROM {table} WHERE status = 'processing')
-"""
+    (SELECT {finite} FROM (SELECT min(head.run_at) AS t FROM unnest(%s::text[]) AS q(name),
+        LATERAL (SELECT run_at FROM {table} WHERE status = 'waiting' AND queue = q.name
+        ORDER BY run_at LIMIT 1) AS head) AS due),
+    (SELECT {finite} FROM (SELECT min(lease_expires_at) AS t FROM {table}
+        WHERE status = 'processing') AS lease)
+""".replace("{finite}", "CASE WHEN isfinite(t) THEN t WHEN t < now() THEN now() END")
 
 # A worker's heartbeat: insert or refresh its row. The worker computes how
 # long the row stays "alive" (three heartbeat intervals), so readers need not
@@ -78,6 +82,30 @@ WHERE status = 'processing' AND ({groups})
 RETURNING id
 """
 ACK_GROUP_SQL = "(lease_token = %s::uuid AND id = ANY(%s::bigint[]))"
+# The worker's batches of acknowledgements (atomic=False handlers) skip the
+# rows another transaction has locked (an admin action, a script's SELECT
+# ... FOR UPDATE): one locked row must not hold up the others, nor the claim
+# sent with them, for LOCK_TIMEOUT each cycle. The skipped ones are still
+# leased (see still_leased) and are acknowledged on a later try.
+ACK_UNLOCKED_SQL = """
+DELETE FROM {table}
+WHERE id IN (
+    SELECT id FROM {table} WHERE status = 'processing' AND ({groups}) FOR UPDATE SKIP LOCKED)
+RETURNING id
+"""
+
+# The worker's limits (PGQUEUE LOCK_TIMEOUT and STATEMENT_TIMEOUT) for the
+# current transaction only: set_config(..., true) is SET LOCAL. So they bound
+# the worker's own statements and end with their transaction, never reaching
+# a handler's queries (an atomic handler's transaction gets them with its
+# acknowledgement, after the handler), and they hold behind PgBouncer in
+# transaction pooling, where a session's SET would stay on the server
+# connection and reach other clients. A setting of None keeps the value the
+# session has (the server's, the role's, the project's OPTIONS).
+LIMITS_SQL = (
+    "SELECT set_config('lock_timeout', COALESCE(%s, current_setting('lock_timeout')), true), "
+    "set_config('statement_timeout', COALESCE(%s, current_setting('statement_timeout')), true)"
+)
 
 # The wake-up the insert trigger sends, for changes that are not inserts.
 NOTIFY_SQL = "SELECT pg_notify('django_pgqueue', queue) FROM unnest(%s::text[]) AS queue"
@@ -99,6 +127,62 @@ class RescueResult:
 
 def alias():
     return conf.get("DATABASE")
+
+
+def limits():
+    """LIMITS_SQL's parameters from the settings; None when both are None."""
+    values = [
+        conf.milliseconds(conf.get("LOCK_TIMEOUT")),
+        conf.milliseconds(conf.get("STATEMENT_TIMEOUT")),
+    ]
+    return None if values == [None, None] else values
+
+
+def set_limits(using=None):
+    """Put the worker's limits on the current transaction of ``using``."""
+    params = limits()
+    if params is not None:
+        with connections[using or alias()].cursor() as cursor:
+            cursor.execute(LIMITS_SQL, params)
+
+
+@contextlib.contextmanager
+def worker_transaction(using=None):
+    """``transaction.atomic`` with the worker's limits, when it starts the
+    transaction; inside a caller's transaction it is a savepoint and the
+    caller's settings stay as they are."""
+    using = using or alias()
+    outermost = not connections[using].in_atomic_block
+    with transaction.atomic(using=using):
+        if outermost:
+            set_limits(using)
+        yield
+
+
+def _with_limits(sql, params):
+    """``sql`` after LIMITS_SQL, sent together (in autocommit, one implicit
+    transaction: the limits hold for ``sql`` and end with it), and the number
+    of results to skip before ``sql``'s. Client-side binding only (Django's
+    default cursor): a server-bound statement is one statement."""
+    extra = limits()
+    if extra is None:
+        return sql, params, 0
+    return f"{LIMITS_SQL};{sql}", [*extra, *params], 1
+
+
+def _fetch_limited(connection, cursor, sql, params):
+    """Run ``sql`` on ``cursor`` after LIMITS_SQL and return its rows. Pipeline
+    mode sends both in one round trip, in one implicit transaction (no sync
+    between them), each a statement of its own: ``sql`` can still be
+    prepared (prepared_cursor)."""
+    extra = limits()
+    if extra is None:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+    with connection.wrap_database_errors, connection.connection.pipeline():
+        cursor.execute(LIMITS_SQL, extra)
+        cursor.execute(sql, params)
+        return cursor.fetchall()
 
 
 def _lease_expiry(lease_seconds, now):
@@ -153,20 +237,25 @@ def ack_and_claim(acks, queues, limit, worker_id, lease_seconds, now=None, few_r
     server crash it may be lost and the message delivered again, which
     atomic=False handlers accept (at-least-once).
     """
-    acked, rows = ack_and_claim_rows(acks, queues, limit, worker_id, lease_seconds, now, few_ready)
+    acked, _busy, rows = ack_and_claim_rows(
+        acks, queues, limit, worker_id, lease_seconds, now, few_ready
+    )
     return acked, [message_from_row(row) for row in rows]
 
 
 def ack_and_claim_rows(acks, queues, limit, worker_id, lease_seconds, now=None, few_ready=False):
     """``ack_and_claim``, the claimed messages as the statement's rows (in
     claim order), for ``message_from_row``: the worker's main loop leaves
-    building them to the handler threads."""
+    building them to the handler threads. Returns (the acknowledged ids,
+    the ids of ``acks`` left for a later try because another transaction
+    has their row locked, the rows)."""
     using = alias()
     connection = connections[using]
     async_commit = not connection.in_atomic_block
     token = uuid.uuid4()
     claimed = []
     acked = set()
+    busy = set()
     pending = list(acks)
     # One ordered index scan per queue (an IN list over several queues
     # cannot use the index order and would sort every waiting row).
@@ -182,24 +271,24 @@ def ack_and_claim_rows(acks, queues, limit, worker_id, lease_seconds, now=None, 
         )
         claim_params[1:3] = [token, lease_seconds]
         if acks:
-            # Two statements in one round trip (one implicit transaction):
+            # The statements in one round trip (one implicit transaction):
             # only client-side binding takes several.
-            ack_sql, ack_params = _ack_statement(connection, acks)
+            ack_sql, ack_params = _ack_statement(connection, acks, skip_locked=True)
+            both, params, skip = _with_limits(ack_sql + ";" + sql, [*ack_params, *claim_params])
             with connection.cursor() as cursor:
-                cursor.execute(ack_sql + ";" + sql, [*ack_params, *claim_params])
+                cursor.execute(both, params)
+                for _ in range(skip):
+                    cursor.nextset()
                 acked = {row[0] for row in cursor.fetchall()}
                 cursor.nextset()
                 rows = cursor.fetchall()
         else:
             # One statement, run every cycle: prepared when the connection allows.
             with prepared_cursor(connection) as cursor:
-                cursor.execute(sql, claim_params)
-                rows = cursor.fetchall()
-        acks = ()
-        for message in pending:
-            if message.pk not in acked:
-                _log_lease_lost(message, "not acknowledged")
-        pending = ()
+                rows = _fetch_limited(connection, cursor, sql, claim_params)
+        if pending:
+            busy = _unacknowledged(pending, acked)
+        acks = pending = ()
         rows.sort(key=_claim_order)  # RETURNING keeps no order
         claimed += rows
         if len(claimed) >= limit:
@@ -221,7 +310,7 @@ def ack_and_claim_rows(acks, queues, limit, worker_id, lease_seconds, now=None, 
                     "worker": worker_id,
                 },
             )
-    return acked, claimed
+    return acked, busy, claimed
 
 
 # The claim, one statement. The rows come from the ORM's
@@ -234,11 +323,17 @@ def ack_and_claim_rows(acks, queues, limit, worker_id, lease_seconds, now=None, 
 # again, and any later durable commit (a handler's, an acknowledgement's)
 # flushes the WAL up to it first. (A function in the statement, not SET
 # LOCAL before it, keeps the claim one statement, which can be prepared.)
+# A row written by another client may hold what no enqueue writes: the
+# attempt count stops at the integer's maximum (one such row must not fail
+# every claim of its queue), and a run_at of '-infinity' becomes the claim's
+# time (Python has no datetime for it).
 CLAIM_SQL = """
 WITH clock AS (SELECT COALESCE(%s::timestamptz, now()) AS now{async_commit})
-UPDATE {table} AS m SET status = 'processing', attempts = m.attempts + 1, lease_token = %s,
+UPDATE {table} AS m SET status = 'processing', attempts = LEAST(m.attempts, 2147483646) + 1,
+    lease_token = %s,
     lease_expires_at = clock.now + make_interval(secs => %s), locked_by = %s,
-    updated_at = clock.now
+    updated_at = clock.now,
+    run_at = CASE WHEN isfinite(m.run_at) THEN m.run_at ELSE clock.now END
 FROM clock
 WHERE m.id IN ({pick})
 RETURNING {columns}
@@ -322,6 +417,11 @@ ROW_ID, ROW_TOPIC, ROW_ATTEMPTS, ROW_PRIORITY, ROW_RUN_AT = (
 )
 
 
+# The attribute of a claimed Message whose payload or headers Python could
+# not load: why (see message_from_row).
+UNDECODABLE = "_pgqueue_undecodable"
+
+
 def message_from_row(row):
     """A Message from the claim's RETURNING row, as ``Model.from_db`` would
     build it, without ``Model.__init__`` (the claim is the hot path)."""
@@ -334,7 +434,15 @@ def message_from_row(row):
         if text == "{}":
             values[attname] = {}
         elif text is not None:
-            values[attname] = json.loads(text, cls=field.decoder)
+            try:
+                values[attname] = json.loads(text, cls=field.decoder)
+            except RecursionError:
+                # Only another client's SQL can store this (enqueue refuses
+                # it): the worker dead-letters the message without loading it.
+                values[attname] = None
+                values[UNDECODABLE] = (
+                    f"the {attname} is nested too deeply for Python's JSON decoder"
+                )
     for attname in _TIMESTAMP_ATTNAMES:
         values[attname] = timestamp_from_text(values[attname])
     state = values["_state"] = ModelState()
@@ -370,45 +478,80 @@ def ack(message):
 def ack_many(messages):
     """Finish many messages (non-atomic handlers) in one DELETE.
 
-    Returns the ids that were still held by their lease and are now finished.
-    Outside a transaction its commit, like the claim's, does not wait for the
-    WAL to reach the disk: a lost acknowledgement only means the message runs
-    again, which atomic=False handlers accept.
+    Returns the ids that were still held by their lease and are now finished
+    (``ack_unlocked`` also tells which were skipped because another
+    transaction has their row locked). Outside a transaction its commit,
+    like the claim's, does not wait for the WAL to reach the disk: a lost
+    acknowledgement only means the message runs again, which atomic=False
+    handlers accept.
     """
+    return ack_unlocked(messages)[0]
+
+
+def ack_unlocked(messages):
+    """``ack_many``, skipping rows another transaction has locked; returns
+    (the ids finished, the ids still leased but locked: acknowledge them
+    again later)."""
     async_commit = not connections[alias()].in_atomic_block
-    finished = ack_leased(messages, async_commit)  # one statement, whatever the claims
-    for message in messages:
-        if message.pk not in finished:
+    # One statement, whatever the claims.
+    finished = ack_leased(messages, async_commit, skip_locked=True)
+    return finished, _unacknowledged(messages, finished)
+
+
+def _unacknowledged(messages, finished):
+    """The ids of ``messages`` not in ``finished`` that their lease still
+    holds (their row was locked); the others lost their lease (logged)."""
+    missing = [m for m in messages if m.pk not in finished]
+    busy = still_leased(missing) if missing else set()
+    for message in missing:
+        if message.pk not in busy:
             _log_lease_lost(message, "not acknowledged")
-    return finished
+    return busy
 
 
-def ack_leased(messages, async_commit=False):
+def still_leased(messages):
+    """The ids of ``messages`` that their own lease still holds: one plain
+    SELECT, which never waits for a row lock."""
+    held = Q()
+    for token, group in _by_token(messages).items():
+        held |= Q(pk__in=[m.pk for m in group], lease_token=token)
+    return set(
+        Message.objects.using(alias())
+        .filter(held, status=Status.PROCESSING)
+        .values_list("pk", flat=True)
+    )
+
+
+def ack_leased(messages, async_commit=False, skip_locked=False):
     """Delete each of ``messages`` whose lease (its own token) still holds it,
     in one statement; returns the ids deleted. Inside the caller's
     transaction: the atomic batch compares the ids with what it expected and
     rolls back when a lease was lost. ``async_commit`` (autocommit only):
-    the statement's commit does not wait for the WAL flush."""
+    the statement's commit does not wait for the WAL flush. ``skip_locked``:
+    leave the rows another transaction has locked (else wait for them, up to
+    LOCK_TIMEOUT: an atomic handler's transaction would rather commit a
+    moment later than roll back its work)."""
     connection = connections[alias()]
-    sql, params = _ack_statement(connection, messages)
+    sql, params = _ack_statement(connection, messages, skip_locked)
+    if async_commit:
+        sql = ASYNC_COMMIT_SQL + sql
+    sql, params, skip = _with_limits(sql, params)
     with connection.cursor() as cursor:
-        if async_commit:
-            cursor.execute(ASYNC_COMMIT_SQL + sql, params)
-            cursor.nextset()  # past the SET LOCAL
-        else:
-            cursor.execute(sql, params)
+        cursor.execute(sql, params)
+        for _ in range(skip + async_commit):
+            cursor.nextset()  # past the limits and the SET LOCAL
         return {row[0] for row in cursor.fetchall()}
 
 
-def _ack_statement(connection, messages):
-    """ACK_GROUPS_SQL for ``messages`` and its parameters: one group per lease
-    token, the ids as an array literal, ``{a,b,c}`` (far cheaper than letting
-    the driver quote a list element by element)."""
+def _ack_statement(connection, messages, skip_locked=False):
+    """ACK_GROUPS_SQL (ACK_UNLOCKED_SQL) for ``messages`` and its parameters:
+    one group per lease token, the ids as an array literal, ``{a,b,c}`` (far
+    cheaper than letting the driver quote a list element by element)."""
     groups = _by_token(messages)
     params = []
     for token, group in groups.items():
         params += [str(token), "{" + ",".join(str(m.id) for m in group) + "}"]
-    sql = ACK_GROUPS_SQL.format(
+    sql = (ACK_UNLOCKED_SQL if skip_locked else ACK_GROUPS_SQL).format(
         table=connection.ops.quote_name(Message._meta.db_table),
         groups=" OR ".join([ACK_GROUP_SQL] * len(groups)),
     )
@@ -421,17 +564,18 @@ def retry_later(message, delay, category, error, now=None):
     The attempt stays counted. False: the lease was lost.
     """
     now_value = now or Now()
-    updated = _leased(message, alias()).update(
-        status=Status.WAITING,
-        run_at=now_value + datetime.timedelta(seconds=delay),
-        lease_token=None,
-        lease_expires_at=None,
-        locked_by="",
-        last_error=error,
-        last_error_category=category,
-        first_failed_at=Coalesce("first_failed_at", now_value),
-        updated_at=now_value,
-    )
+    with worker_transaction():
+        updated = _leased(message, alias()).update(
+            status=Status.WAITING,
+            run_at=now_value + datetime.timedelta(seconds=delay),
+            lease_token=None,
+            lease_expires_at=None,
+            locked_by="",
+            last_error=error,
+            last_error_category=category,
+            first_failed_at=Coalesce("first_failed_at", now_value),
+            updated_at=now_value,
+        )
     if not updated:
         _log_lease_lost(message, "retry not recorded")
     return bool(updated)
@@ -442,19 +586,20 @@ def release(messages):
     shutdown). Returns how many were still held."""
     using = alias()
     released = 0
-    for token, batch in _by_token(messages).items():
-        released += (
-            Message.objects.using(using)
-            .filter(pk__in=[m.pk for m in batch], status=Status.PROCESSING, lease_token=token)
-            .update(
-                status=Status.WAITING,
-                attempts=Greatest(F("attempts") - 1, Value(0)),
-                lease_token=None,
-                lease_expires_at=None,
-                locked_by="",
-                updated_at=Now(),
+    with worker_transaction(using):
+        for token, batch in _by_token(messages).items():
+            released += (
+                Message.objects.using(using)
+                .filter(pk__in=[m.pk for m in batch], status=Status.PROCESSING, lease_token=token)
+                .update(
+                    status=Status.WAITING,
+                    attempts=Greatest(F("attempts") - 1, Value(0)),
+                    lease_token=None,
+                    lease_expires_at=None,
+                    locked_by="",
+                    updated_at=Now(),
+                )
             )
-        )
     return released
 
 
@@ -487,21 +632,34 @@ def run_now(messages, now=None):
 def extend_leases(messages, lease_seconds, now=None):
     """Push the leases of ``messages`` forward; returns the ids whose lease
     was lost: rows now in another state or under another lease. A row that is
-    gone was acknowledged meanwhile, which is no loss."""
+    gone was acknowledged meanwhile, which is no loss.
+
+    Rows another transaction has locked are skipped (SKIP LOCKED), not
+    waited for: one locked row must not keep the other leases from being
+    extended. They stay leased and are extended on the next beat."""
     using = alias()
     lost = set()
-    for token, batch in _by_token(messages).items():
-        ids = [m.pk for m in batch]
-        held = Message.objects.using(using).filter(
-            pk__in=ids, status=Status.PROCESSING, lease_token=token
-        )
-        if held.update(lease_expires_at=_lease_expiry(lease_seconds, now)) < len(ids):
-            lost |= set(
+    with worker_transaction(using):
+        for token, batch in _by_token(messages).items():
+            ids = [m.pk for m in batch]
+            unlocked = (
                 Message.objects.using(using)
-                .filter(pk__in=ids)
-                .exclude(status=Status.PROCESSING, lease_token=token)
-                .values_list("pk", flat=True)
+                .select_for_update(skip_locked=True)
+                .filter(pk__in=ids, status=Status.PROCESSING, lease_token=token)
+                .values("pk")
             )
+            extended = (
+                Message.objects.using(using)
+                .filter(pk__in=unlocked)
+                .update(lease_expires_at=_lease_expiry(lease_seconds, now))
+            )
+            if extended < len(ids):
+                lost |= set(
+                    Message.objects.using(using)
+                    .filter(pk__in=ids)
+                    .exclude(status=Status.PROCESSING, lease_token=token)
+                    .values_list("pk", flat=True)
+                )
     return lost
 
 
@@ -517,8 +675,15 @@ def dead_letter(
     """
     using = alias()
     now = now or timezone.now()
-    with transaction.atomic(using=using):
-        rows = Message.objects.using(using).select_for_update().filter(pk=message.pk, status=expect)
+    with worker_transaction(using):
+        # The payload and headers are copied in the server, never loaded
+        # here: they are what was stored, even JSON that Python cannot load.
+        rows = (
+            Message.objects.using(using)
+            .select_for_update()
+            .defer("payload", "headers")
+            .filter(pk=message.pk, status=expect)
+        )
         if expect == Status.PROCESSING:
             rows = rows.filter(lease_token=message.lease_token)
         row = rows.first()
@@ -529,8 +694,8 @@ def dead_letter(
             message_id=row.pk,
             queue=row.queue,
             topic=row.topic,
-            payload=row.payload,
-            headers=row.headers,
+            payload={},  # copied below, in the server
+            headers={},
             priority=row.priority,
             group_key=row.group_key,
             dedup_key=row.dedup_key,
@@ -544,6 +709,17 @@ def dead_letter(
             dead_lettered_at=now,
             worker=worker,
         )
+        stored = Message.objects.using(using).filter(pk=row.pk)
+        DeadLetter.objects.using(using).filter(pk=dead.pk).update(
+            payload=Subquery(stored.values("payload")), headers=Subquery(stored.values("headers"))
+        )
+        # What the receivers of dead_lettered see: the message's own values
+        # when it has them (the worker's), else loaded when first read.
+        for attname in ("payload", "headers"):
+            if attname in message.__dict__ and not message.__dict__.get(UNDECODABLE):
+                setattr(dead, attname, getattr(message, attname))
+            else:
+                del dead.__dict__[attname]
         Message.objects.using(using).filter(pk=row.pk).delete()
         transaction.on_commit(
             lambda: signals.send(
@@ -573,11 +749,12 @@ def rescue_expired(now=None, limit=1000):
     """
     using = alias()
     now_value = now or Now()
-    with transaction.atomic(using=using):
+    with worker_transaction(using):
         expired = list(
             Message.objects.using(using)
             .select_for_update(skip_locked=True)
             .filter(status=Status.PROCESSING, lease_expires_at__lt=now_value)
+            .defer("payload", "headers")  # not needed, and maybe not loadable
             .order_by("lease_expires_at")[:limit]
         )
         requeue, exhausted = [], []
@@ -654,8 +831,11 @@ def probe(queues, beat=None):
     if beat is not None:
         sql = f"WITH beat AS ({_heartbeat_sql(connection)}) {sql}"
         params = [*beat.params(), *params]
+    sql, params, skip = _with_limits(sql, params)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
+        for _ in range(skip):
+            cursor.nextset()
         return Probe(*cursor.fetchone())
 
 
@@ -692,13 +872,15 @@ def _heartbeat_sql(connection):
 def heartbeat(beat):
     """Record that the worker ``beat`` describes is alive, in one statement."""
     connection = connections[alias()]
+    sql, params, _skip = _with_limits(_heartbeat_sql(connection), beat.params())
     with connection.cursor() as cursor:
-        cursor.execute(_heartbeat_sql(connection), beat.params())
+        cursor.execute(sql, params)
 
 
 def unregister(worker_id):
     """Remove a stopping worker's row: it is gone, not dead."""
-    WorkerHeartbeat.objects.using(alias()).filter(worker_id=worker_id).delete()
+    with worker_transaction():
+        WorkerHeartbeat.objects.using(alias()).filter(worker_id=worker_id).delete()
 
 
 def _by_token(messages):

@@ -7,9 +7,10 @@ duty returns counts; the loop in worker.py only schedules.
 
 import datetime
 import logging
+import os
+import time
 from dataclasses import dataclass
 
-from django.db import transaction
 from django.db.models.functions import Now
 
 from . import lifecycle
@@ -35,14 +36,26 @@ def run_once(now=None, rescue_limit=1000):
 
     Returns a MaintenanceResult, or None when another worker holds the lock.
     """
-    with transaction.atomic(using=lifecycle.alias()):
+    with lifecycle.worker_transaction():
         if not lifecycle.try_maintenance_lock():
+            logger.debug(
+                "Maintenance round in process %s skipped: another holds the lock", os.getpid()
+            )
             return None
+        began = time.time()
         rescue = lifecycle.rescue_expired(now=now, limit=rescue_limit)
         pruned, _ = (
             WorkerHeartbeat.objects.using(lifecycle.alias())
             .filter(expires_at__lt=(now or Now()) - DEAD_WORKER_RETENTION)
             .delete()
+        )
+        # Logged before the commit releases the lock: the rounds' times, in
+        # the logs of every worker, never overlap (one worker at a time).
+        logger.debug(
+            "Maintenance round in process %s from %.6f to %.6f (Unix time)",
+            os.getpid(),
+            began,
+            time.time(),
         )
     result = MaintenanceResult(
         rescued=rescue.requeued, rescued_dead_lettered=rescue.dead_lettered, workers_pruned=pruned

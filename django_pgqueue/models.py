@@ -19,6 +19,12 @@ from django.db.models.functions import Now
 
 from . import conf
 
+# PostgreSQL's infinite timestamps as the nearest datetimes Python has.
+_INFINITE = {
+    "infinity": datetime.datetime.max.replace(tzinfo=datetime.UTC),
+    "-infinity": datetime.datetime.min.replace(tzinfo=datetime.UTC),
+}
+
 
 @functools.lru_cache(maxsize=1024)
 def timestamp_from_text(text):
@@ -29,7 +35,10 @@ def timestamp_from_text(text):
     ``fromisoformat`` is far cheaper than Django's timestamptz loader."""
     if text is None:
         return None
-    value = datetime.datetime.fromisoformat(text)
+    if text in _INFINITE:  # only another client's raw SQL writes these
+        value = _INFINITE[text]
+    else:
+        value = datetime.datetime.fromisoformat(text)
     return value if settings.USE_TZ else value.replace(tzinfo=None)
 
 
@@ -235,3 +244,4 @@ class AlertState(models.Model):
 
     def __str__(self):
         return f"{self.topic} / {self.category}"
+

@@ -541,7 +541,47 @@ def _to_json(what, value):
         raise InvalidMessage(
             f"{what} contains a NUL character (\\u0000), which PostgreSQL cannot store"
         )
+    problem = _content_problem(value, surrogates="\\ud" in text)
+    if problem:
+        raise InvalidMessage(f"{what} {problem}")
     return text
+
+
+def _content_problem(value, surrogates):
+    """What the encoder lets through but the stored message would not keep:
+    a dict key that is not a string (JSON turns 1 into "1", and {1: "a",
+    "1": "b"} would lose an entry), a lone surrogate (not Unicode; PostgreSQL
+    refuses it). None if there is nothing. Iterative: any nesting the
+    encoder accepted. ``surrogates``: whether the JSON text has a surrogate
+    escape at all (the ASCII-only encoder writes every one as "\\udxxx"),
+    else strings are not looked at."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if surrogates and not item.isascii() and _has_surrogate(item):
+                return f"contains a lone surrogate in {item[:40]!r}, which is not valid Unicode"
+        elif isinstance(item, dict):
+            for key in item:
+                if not isinstance(key, str):
+                    return (
+                        f"has a dict key that is not a string: {key!r} "
+                        f"({type(key).__name__}); JSON object keys are strings"
+                    )
+            if surrogates:
+                pending += item
+            pending += item.values()
+        elif isinstance(item, list | tuple):
+            pending += item
+    return None
+
+
+def _has_surrogate(text):
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _delay_seconds(delay):
@@ -577,6 +617,12 @@ def _is_int(value):
 
 
 # --- for deadletters.revive() ---------------------------------------------------
+
+
+def check_payload(payload):
+    """Raise ``InvalidMessage`` if ``payload`` cannot be a message's payload
+    (the admin's form checks an edited dead letter's payload with it)."""
+    _to_json("payload", payload)
 
 
 def check_message(**fields):

@@ -18,6 +18,7 @@ Connections are kept open across messages (reconnecting per message costs
 several times the work); a connection is dropped only when it is broken.
 """
 
+import inspect
 import itertools
 import logging
 import math
@@ -37,7 +38,7 @@ from asgiref.sync import async_to_sync
 from django.db import DatabaseError, connections, transaction
 
 from . import conf, lifecycle, maintenance, policy, registry, signals
-from .exceptions import HandlerTimeout, Retry
+from .exceptions import HandlerTimeout, Permanent, Retry
 from .metrics import DEAD_LETTERED, RETRIED, NullMetrics
 from .models import Category
 from .notify import CHANNEL
@@ -55,6 +56,13 @@ BATCH_PER_THREAD = 4
 # flushed together (or until a batch's worth is waiting).
 ACK_DELAY = 0.05
 
+# An acknowledgement that found its row locked by another transaction is
+# tried again this much later, and logged once the row has been locked for
+# LOCKED_ACK_WARNING seconds (the heartbeat's lease extension locks rows for
+# milliseconds: no reason to warn).
+LOCKED_ACK_DELAY = 0.1
+LOCKED_ACK_WARNING = 1.0
+
 # Atomic handlers share a transaction (and its commit): a handler thread runs
 # the atomic messages waiting in the pool one after another, each in a
 # savepoint, and commits them with their acknowledgement once it has run
@@ -71,6 +79,11 @@ ROLLBACK_SAVEPOINT_SQL = "ROLLBACK TO SAVEPOINT pgqueue_job"
 
 class _LeaseLost(Exception):
     """The handler's lease is gone: roll its work back."""
+
+
+class _AckLocked(Exception):
+    """An atomic handler's acknowledgement waited past LOCK_TIMEOUT for a row
+    lock held by another transaction: roll the handler's work back."""
 
 
 class _BatchRolledBack(Exception):
@@ -142,6 +155,11 @@ class _Job:
     queued: bool = True  # submitted to the pool, no thread has taken it yet
     batch: list | None = None  # the jobs sharing its transaction (atomic handlers)
     uncommitted: bool = False  # its handler succeeded; the batch has not committed yet
+    failure: BaseException | None = None  # its handler raised; recorded after the batch
+    # When an acknowledgement first found its row locked by another
+    # transaction, and whether that was logged.
+    ack_busy_since: float | None = None
+    ack_busy_logged: bool = False
     _message: object = None
 
     @property
@@ -322,9 +340,10 @@ class Worker:
                 self.loop_error = _first_line(exc)
                 self.metrics.reconnected("loop")
                 logger.warning(
-                    "Worker %s: database error (%s); retrying in %.1fs",
+                    "Worker %s: database error (%s)%s; retrying in %.1fs",
                     self.worker_id,
                     self.loop_error,
+                    _error_hint(exc),
                     db_delay,
                 )
                 self._stopping.wait(db_delay * random.uniform(0.8, 1.2))
@@ -358,7 +377,7 @@ class Worker:
         acks = self._take_unacked()
         started = time.perf_counter()
         try:
-            finished, rows = lifecycle.ack_and_claim_rows(
+            finished, busy, rows = lifecycle.ack_and_claim_rows(
                 [job.message for job in acks],
                 self.queues,
                 asked,
@@ -372,7 +391,7 @@ class Worker:
         self.metrics.claimed(len(rows), time.perf_counter() - started)
         # After a short claim the next one expects few (lifecycle.claim's few_ready).
         self._few_ready = len(rows) < asked
-        self._acked(acks, finished)
+        self._acked(acks, finished, busy)
         self.claimed += len(rows)
         jobs = [_Job(row=row, spec=registry.lookup(row[lifecycle.ROW_TOPIC])) for row in rows]
         with self._lock:  # all in flight before any thread starts (an atomic batch sees them)
@@ -467,7 +486,7 @@ class Worker:
             elif spec.atomic:
                 with transaction.atomic(using=lifecycle.alias()):
                     _call(spec, message)
-                    if job.abandoned or not lifecycle.ack(message):
+                    if job.abandoned or not _ack_waiting_for_locks(message):
                         raise _LeaseLost
                 outcome = DONE
             else:
@@ -475,6 +494,27 @@ class Worker:
                 outcome = ACK_PENDING
         except _LeaseLost:
             _log_lease_lost_before_commit(job)
+            outcome = LOST
+        except _AckLocked as exc:
+            # Recording a retry would wait for the same lock: the lease, which
+            # the heartbeat cannot extend while the row is locked, brings the
+            # message back once it expires and the row is free.
+            _drop_broken_connections()
+            logger.warning(
+                "Message id=%s topic=%s attempt=%s: not acknowledged, another transaction "
+                "holds its row locked (%s); the handler's database writes were rolled back "
+                "and the message runs again after its lease",
+                message.pk,
+                message.topic,
+                message.attempts,
+                exc,
+                extra={
+                    "message_id": message.pk,
+                    "topic": message.topic,
+                    "attempt": message.attempts,
+                    "state": "ack_locked",
+                },
+            )
             outcome = LOST
         except BaseException as exc:  # noqa: BLE001  (a handler may raise anything)
             # Record the failure on a working connection, and leave one behind.
@@ -553,6 +593,7 @@ class Worker:
         after = None  # a job taken from the pool that cannot join the batch
         began = time.monotonic()
         acked = None  # the ids the acknowledgement found still leased
+        lock_timeout = None  # the acknowledgement's error when it waited too long for a lock
         limit = min(self.batch_size, ATOMIC_BATCH_MAX)
         savepoint = _HandlerSavepoint(connection)
         try:
@@ -579,6 +620,7 @@ class Worker:
                         job.deadline = None
                         if not isinstance(exc, _LeaseLost):  # a timed-out job is recorded
                             failed.append((job, exc))
+                            job.failure = exc
                         # Undo this job alone: its writes and its on_commit callbacks.
                         # (If the connection is gone this raises: the batch fails.)
                         savepoint.rollback()
@@ -597,13 +639,21 @@ class Worker:
                     batch.append(job)
                 keep = [j for j in succeeded if not j.abandoned]
                 if keep:
-                    acked = lifecycle.ack_leased([j.message for j in keep])
+                    try:
+                        acked = lifecycle.ack_leased([j.message for j in keep])
+                    except DatabaseError as exc:
+                        if not _lock_timed_out(exc):
+                            raise
+                        # A row of the batch is locked by another transaction
+                        # (past LOCK_TIMEOUT): the others need not wait for it.
+                        lock_timeout = _first_line(exc)
+                        raise _BatchRolledBack from exc
                     if len(acked) != len(keep):
                         raise _BatchRolledBack
         except _BatchRolledBack:
             # Rolled back: run again, alone, the jobs that still held their lease
             # (all of them when the acknowledgement did not run).
-            self._log_batch_rollback(succeeded, acked)
+            self._log_batch_rollback(succeeded, acked, lock_timeout)
             for job in succeeded:
                 job.uncommitted = False
                 if job.abandoned:
@@ -643,11 +693,21 @@ class Worker:
         for job in orphans:
             self._finished(job, LOST)
         for job in batch:
-            job.batch = None  # no reference cycles: freed at once, not by the GC
+            job.batch = job.failure = None  # no reference cycles: freed at once, not by the GC
         if after is not None:
             self._run_job(after)
 
-    def _log_batch_rollback(self, succeeded, acked):
+    def _log_batch_rollback(self, succeeded, acked, lock_timeout=None):
+        if lock_timeout is not None:
+            logger.warning(
+                "Worker %s: the acknowledgement of an atomic batch waited too long for a row "
+                "lock held by another transaction (%s); the batch was rolled back and its %s "
+                "message(s) run again one by one",
+                self.worker_id,
+                lock_timeout,
+                len(succeeded),
+            )
+            return
         if acked is None:
             logger.warning(
                 "Worker %s: a handler's failure could not be undone on its own (it broke "
@@ -772,11 +832,11 @@ class Worker:
     def _send_acks(self, jobs):
         """Acknowledge ``jobs``; on failure they wait to be flushed again."""
         try:
-            finished = lifecycle.ack_many([job.message for job in jobs])
+            finished, busy = lifecycle.ack_unlocked([job.message for job in jobs])
         except BaseException:
             self._return_unacked(jobs)
             raise
-        self._acked(jobs, finished)
+        self._acked(jobs, finished, busy)
 
     def _take_unacked(self):
         """The finished atomic=False jobs whose acknowledgement is due."""
@@ -796,12 +856,48 @@ class Worker:
             if jobs and self._ack_due is None:
                 self._ack_due = time.monotonic() + ACK_DELAY
 
-    def _acked(self, jobs, finished):
+    def _acked(self, jobs, finished, busy=()):
         with self._lock:
             self.processed += len(finished)
         for job in jobs:
-            if job.message.id in finished:  # lifecycle logged the others
+            if job.message.id in finished:  # lifecycle logged the lost ones
                 self._log_done(job.message, job.duration)
+        waiting = [job for job in jobs if job.message.id in busy]
+        if waiting:
+            self._wait_for_locked(waiting)
+
+    def _wait_for_locked(self, jobs):
+        """Acknowledge ``jobs`` again a moment later: another transaction has
+        their row locked (the acknowledgement skipped it). Mostly that is the
+        heartbeat's lease extension, for a few milliseconds; a row locked for
+        longer (an admin, a script) is logged, once. The leases are extended
+        whenever the row is free; a lease that runs out meanwhile returns the
+        message to the queue (it runs again: atomic=False)."""
+        now = time.monotonic()
+        for job in jobs:
+            if job.ack_busy_since is None:
+                job.ack_busy_since = now
+            elif not job.ack_busy_logged and now - job.ack_busy_since >= LOCKED_ACK_WARNING:
+                job.ack_busy_logged = True  # one line per message, not one per try
+                logger.warning(
+                    "Message id=%s topic=%s attempt=%s: acknowledgement deferred for %.1fs, "
+                    "another transaction holds its row locked; trying again",
+                    job.message.pk,
+                    job.message.topic,
+                    job.message.attempts,
+                    now - job.ack_busy_since,
+                    extra={
+                        "message_id": job.message.pk,
+                        "topic": job.message.topic,
+                        "attempt": job.message.attempts,
+                        "state": "ack_deferred",
+                    },
+                )
+        with self._lock:
+            for job in jobs:
+                self._unacked.setdefault(job.message.pk, job)
+            due = time.monotonic() + LOCKED_ACK_DELAY
+            self._ack_due = due if self._ack_due is None else min(self._ack_due, due)
 
     def _expire_timeouts(self):
         now = time.monotonic()
@@ -838,6 +934,12 @@ class Worker:
             for hostage in hostages:
                 hostage.abandoned = True
                 self._inflight.pop(hostage.message.pk, None)
+            # Those whose handler failed would wait for it too, to record
+            # their failure: record it now (the batch thread then skips them).
+            failed = [j for j in job.batch or () if j.failure is not None and not j.abandoned]
+            for other in failed:
+                other.abandoned = True
+                self._inflight.pop(other.message.pk, None)
         if hostages:
             released = lifecycle.release([j.message for j in hostages])
             logger.warning(
@@ -846,6 +948,10 @@ class Worker:
                 self.worker_id,
                 released,
             )
+        for other in failed:
+            if self._record_failure(other, other.failure) == FAILED:
+                with self._lock:
+                    self.processed += 1
 
     # --- heartbeat ------------------------------------------------------------
 
@@ -1121,12 +1227,25 @@ class _HandlerPool:
 
 
 def _call(spec, message):
+    undecodable = message.__dict__.get(lifecycle.UNDECODABLE)
+    if undecodable:
+        # Another client's SQL stored JSON that Python cannot load: no
+        # handler could read it, so it goes to the dead letters as it is.
+        raise Permanent(undecodable)
     if spec.is_async:
         # async_to_sync runs the coroutine on an event loop while this thread
         # serves its sync_to_async calls, so ORM work lands in this thread's
         # connection, inside the handler's transaction.
         return async_to_sync(spec.func)(message)
-    return spec.func(message)
+    result = spec.func(message)
+    if inspect.iscoroutine(result) or inspect.isgenerator(result):
+        # Its body never ran: a success would lose the message's work.
+        result.close()  # no "never awaited" warning later
+        raise TypeError(
+            f"the handler returned a {type(result).__name__} instead of running: "
+            "declare it with async def, or make it a plain function"
+        )
+    return result
 
 
 def _execute_raw(connection, sql):
@@ -1152,6 +1271,45 @@ def _log_lease_lost_before_commit(job):
         job.message.topic,
         job.message.attempts,
     )
+
+
+# What the server (or PgBouncer) says when it takes no more connections.
+_REFUSALS = (
+    "too many connections",  # the role's or the database's CONNECTION LIMIT
+    "too many clients",  # max_connections
+    "connection slots are reserved",  # max_connections less the reserved ones
+    "no more connections allowed",  # PgBouncer's max_client_conn
+)
+
+
+def _error_hint(exc):
+    """A few words on what a database error means for the worker, or ""."""
+    text = str(exc)
+    if any(refusal in text for refusal in _REFUSALS):
+        return (
+            " - the database takes no more connections (max_connections or a CONNECTION "
+            "LIMIT is reached); the worker waits and tries again"
+        )
+    if _lock_timed_out(exc):
+        return " - a lock held by another transaction outlasted PGQUEUE['LOCK_TIMEOUT']"
+    return ""
+
+
+def _ack_waiting_for_locks(message):
+    """``lifecycle.ack``; a lock timeout (another transaction holds the row)
+    raises _AckLocked."""
+    try:
+        return lifecycle.ack(message)
+    except DatabaseError as exc:
+        if not _lock_timed_out(exc):
+            raise
+        raise _AckLocked(_first_line(exc)) from exc
+
+
+def _lock_timed_out(exc):
+    """Whether ``exc`` (a Django DatabaseError) is PostgreSQL's lock_timeout:
+    the transaction failed, its connection is fine."""
+    return isinstance(exc.__cause__, psycopg.errors.LockNotAvailable)
 
 
 def _first_line(exc):

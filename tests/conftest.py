@@ -257,3 +257,62 @@ def running_worker(**options):
         thread.join(timeout=30)
         assert not thread.is_alive(), "the worker did not stop"
         assert not errors, f"the worker crashed: {errors!r}"
+
+
+class EnvWorkerProcess(WorkerProcess):
+    """A WorkerProcess whose environment variables ``env`` win over the test
+    database's: DATABASE_URL through PgBouncer, or for another role."""
+
+    def __init__(self, args, log_path, pgqueue=None, env=None):
+        import json
+        import os
+        import subprocess
+        import sys
+
+        environment = {
+            **os.environ,
+            "DATABASE_URL": database_url("default"),
+            "OTHER_DATABASE_URL": database_url("other"),
+            "PYTHONUNBUFFERED": "1",
+            "PGQUEUE_JSON": json.dumps(pgqueue or {}),
+            **(env or {}),
+        }
+        self.log_path = log_path
+        self._log = open(log_path, "w")  # noqa: SIM115  (closed in kill())
+        self.popen = subprocess.Popen(
+            [sys.executable, str(MANAGE), "pgqueue_worker", *args],
+            env=environment,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+        self.pid = self.popen.pid
+
+
+@pytest.fixture
+def start_worker_env(transactional_db, tmp_path):
+    """``start_worker`` with ``env=`` (environment variables for the
+    process); every one still alive at teardown is killed."""
+    started = []
+
+    def start(*args, pgqueue=None, env=None):
+        log_path = tmp_path / f"worker-env-{len(started)}.log"
+        worker = EnvWorkerProcess(args, log_path, pgqueue=pgqueue, env=env)
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.kill()
+
+
+@pytest.fixture(autouse=True)
+def restore_pgqueue_log_level():
+    """pgqueue_worker run in-process (call_command) sets the django_pgqueue
+    logger's level for the rest of the process: put it back after each test,
+    so that the next one's caplog sees what it expects."""
+    import logging
+
+    logger = logging.getLogger("django_pgqueue")
+    level = logger.level
+    yield
+    logger.setLevel(level)

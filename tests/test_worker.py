@@ -65,7 +65,7 @@ def failing_acknowledgements():
             conn.execute(
                 f"""CREATE FUNCTION test_fail_ack() RETURNS trigger LANGUAGE plpgsql AS $$
                 BEGIN
-                    IF position('UPDATE' IN current_query()) {test}
+                    IF position('AS m SET' IN current_query()) {test}
                             AND nextval('test_ack_failures') <= {int(count)} THEN
                         RAISE EXCEPTION 'injected acknowledgement failure';
                     END IF;

@@ -69,10 +69,15 @@ DATABASES = {
 # often: django-pgqueue's one-message INSERT is one (README, Performance).
 # DATABASE_PREPARE_THRESHOLD="" turns it off, as behind an older PgBouncer.
 _prepare_threshold = env.str("DATABASE_PREPARE_THRESHOLD", default="5")
+# DATABASE_DISABLE_SERVER_SIDE_CURSORS=1: what Django needs behind PgBouncer
+# in transaction pooling (tests/test_pgbouncer.py starts workers so).
+_disable_server_side_cursors = env.bool("DATABASE_DISABLE_SERVER_SIDE_CURSORS", default=False)
 for _database in DATABASES.values():
     _database.setdefault("OPTIONS", {})["prepare_threshold"] = (
         int(_prepare_threshold) if _prepare_threshold else None
     )
+    if _disable_server_side_cursors:
+        _database["DISABLE_SERVER_SIDE_CURSORS"] = True
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -99,3 +104,4 @@ LOGGING = {
         }
     },
 }
+

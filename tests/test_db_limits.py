@@ -1,0 +1,336 @@
+"""The worker's database limits (PGQUEUE LOCK_TIMEOUT and STATEMENT_TIMEOUT)
+and its behaviour at the database's limits: a row lock held by someone
+else, and no connection slot left. Real PostgreSQL, real worker processes
+where it matters."""
+
+import collections
+import logging
+import os
+import signal
+import threading
+
+import psycopg
+import pytest
+from demo.models import Handled
+from django.db import OperationalError, connection
+from django.test import override_settings
+
+from django_pgqueue import checks as pgqueue_checks
+from django_pgqueue import conf, enqueue, enqueue_many, lifecycle, registry
+from django_pgqueue.models import DeadLetter, Message, Status
+
+from .conftest import database_url, raw_connection, running_worker, wait_until
+
+
+def handled_counts():
+    return collections.Counter(Handled.objects.values_list("message_id", flat=True))
+
+
+# --- the settings ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [None, 0.001, 0.5, 5, 60.0, 2_147_483])
+def test_timeouts_accept_seconds_or_none(value):
+    with override_settings(PGQUEUE={"LOCK_TIMEOUT": value, "STATEMENT_TIMEOUT": None}):
+        assert pgqueue_checks.check_settings() == []
+    with override_settings(PGQUEUE={"STATEMENT_TIMEOUT": value, "LOCK_TIMEOUT": None}):
+        assert pgqueue_checks.check_settings() == []
+
+
+@pytest.mark.parametrize("value", [0, -1, 0.0001, 2_147_484, True, "5s", float("nan")])
+@pytest.mark.parametrize("key", ["LOCK_TIMEOUT", "STATEMENT_TIMEOUT"])
+def test_timeouts_reject_what_postgresql_cannot_take(key, value):
+    with override_settings(PGQUEUE={key: value}):
+        [error] = pgqueue_checks.check_settings()
+    assert error.id == "pgqueue.E003"
+    assert f"PGQUEUE[{key!r}] must be a number of seconds from 0.001" in error.msg
+
+
+def test_defaults_and_how_postgresql_gets_them():
+    assert (conf.get("LOCK_TIMEOUT"), conf.get("STATEMENT_TIMEOUT")) == (5.0, 60.0)
+    assert lifecycle.limits() == ["5000ms", "60000ms"]
+    with override_settings(PGQUEUE={"LOCK_TIMEOUT": 0.0015, "STATEMENT_TIMEOUT": None}):
+        assert lifecycle.limits() == ["2ms", None]
+    with override_settings(PGQUEUE={"LOCK_TIMEOUT": None, "STATEMENT_TIMEOUT": None}):
+        assert lifecycle.limits() is None
+
+
+def test_a_lock_timeout_not_below_the_statement_timeout_is_a_warning():
+    with override_settings(PGQUEUE={"LOCK_TIMEOUT": 30, "STATEMENT_TIMEOUT": 30}):
+        [warning] = pgqueue_checks.check_settings()
+    assert warning.id == "pgqueue.W101"
+    assert "is not shorter than PGQUEUE['STATEMENT_TIMEOUT']" in warning.msg
+    with override_settings(PGQUEUE={"LOCK_TIMEOUT": 30, "STATEMENT_TIMEOUT": None}):
+        assert pgqueue_checks.check_settings() == []
+
+
+# --- where the limits apply ------------------------------------------------
+
+SEEN = []  # (handler kind, lock_timeout, statement_timeout) as a handler saw them
+
+
+@pytest.fixture
+def settings_recorders():
+    """Handlers that record the timeouts their own queries run under."""
+
+    def record(kind):
+        def handle(message):
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT current_setting('lock_timeout'), current_setting('statement_timeout')"
+                )
+                SEEN.append((kind, *cursor.fetchone()))
+
+        return handle
+
+    SEEN.clear()
+    registry.handler("test.limits.atomic")(record("atomic"))
+    registry.handler("test.limits.nonatomic", atomic=False)(record("nonatomic"))
+    yield
+    registry.unregister("test.limits.atomic")
+    registry.unregister("test.limits.nonatomic")
+
+
+@pytest.fixture
+def statement_log(transactional_db):
+    """A statement trigger on the message table that records, for each of the
+    worker's writes (claim and lease extension: UPDATE, acknowledgement:
+    DELETE), the timeouts it ran under."""
+    with raw_connection(autocommit=True) as conn:
+        conn.execute("CREATE TABLE test_limits_seen (op text, lock text, statement text)")
+        conn.execute(
+            """CREATE FUNCTION test_limits_seen() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                INSERT INTO test_limits_seen VALUES (TG_OP,
+                    current_setting('lock_timeout'), current_setting('statement_timeout'));
+                RETURN NULL;
+            END $$"""
+        )
+        conn.execute(
+            "CREATE TRIGGER test_limits_seen AFTER UPDATE OR DELETE ON django_pgqueue_message"
+            " FOR EACH STATEMENT EXECUTE FUNCTION test_limits_seen()"
+        )
+    yield
+    with raw_connection(autocommit=True) as conn:
+        conn.execute("DROP TRIGGER test_limits_seen ON django_pgqueue_message")
+        conn.execute("DROP FUNCTION test_limits_seen()")
+        conn.execute("DROP TABLE test_limits_seen")
+
+
+@override_settings(PGQUEUE={"LOCK_TIMEOUT": 1.5, "STATEMENT_TIMEOUT": 7})
+def test_the_limits_bound_the_workers_statements_and_not_its_handlers(
+    statement_log, settings_recorders
+):
+    with raw_connection(autocommit=True) as conn:
+        session = conn.execute(
+            "SELECT current_setting('lock_timeout'), current_setting('statement_timeout')"
+        ).fetchone()
+    # Several atomic messages share a transaction (their acknowledgement is
+    # sent in it, after the handlers); the others are acknowledged in batches.
+    enqueue_many([{"topic": "test.limits.atomic"}] * 12 + [{"topic": "test.limits.nonatomic"}] * 12)
+    with running_worker(concurrency=2, batch_size=6, poll_interval=0.2):
+        wait_until(lambda: not Message.objects.exists(), timeout=20, message="all handled")
+    assert len(SEEN) == 24
+    assert {(lock, statement) for _, lock, statement in SEEN} == {session}, (
+        "a handler ran under the worker's limits instead of its session's own settings"
+    )
+    assert {kind for kind, _, _ in SEEN} == {"atomic", "nonatomic"}
+    with raw_connection(autocommit=True) as conn:
+        seen = set(conn.execute("SELECT op, lock, statement FROM test_limits_seen"))
+    assert seen == {("UPDATE", "1500ms", "7s"), ("DELETE", "1500ms", "7s")}, (
+        f"the worker's claims and acknowledgements ran with {seen}"
+    )
+    assert session == ("0", "0"), "the test server has timeouts of its own"
+
+
+@override_settings(PGQUEUE={"LOCK_TIMEOUT": None, "STATEMENT_TIMEOUT": None})
+def test_none_leaves_the_sessions_settings(statement_log):
+    enqueue_many([{"topic": "test.record_nonatomic"}] * 5)
+    with running_worker(concurrency=1, poll_interval=0.2):
+        wait_until(lambda: not Message.objects.exists(), timeout=20, message="all handled")
+    with raw_connection(autocommit=True) as conn:
+        seen = set(conn.execute("SELECT op, lock, statement FROM test_limits_seen"))
+    assert seen == {("UPDATE", "0", "0"), ("DELETE", "0", "0")}
+
+
+@override_settings(PGQUEUE={"LOCK_TIMEOUT": 0.3})
+def test_the_worker_transactions_of_lifecycle_carry_the_limits(make_message, transactional_db):
+    message = make_message(status=Status.PROCESSING)
+    with raw_connection() as locker:
+        locker.execute(
+            "SELECT 1 FROM django_pgqueue_message WHERE id = %s FOR UPDATE", [message.pk]
+        )
+        # A retry waits for the row, but only LOCK_TIMEOUT long.
+        with pytest.raises(OperationalError) as raised:
+            lifecycle.retry_later(message, 1, "transient", "boom")
+        assert isinstance(raised.value.__cause__, psycopg.errors.LockNotAvailable)
+        # Lease extension and batched acknowledgement skip the locked row: not lost, not done.
+        assert lifecycle.extend_leases([message], 60) == set()
+        assert lifecycle.ack_unlocked([message]) == (set(), {message.pk})
+    assert lifecycle.ack_unlocked([message]) == ({message.pk}, set())
+
+
+# --- a row lock held by someone else ----------------------------------------
+
+
+def hold_row_lock(message_id):
+    """Another client's transaction holding ``message_id``'s row FOR UPDATE."""
+    conn = raw_connection()
+    conn.execute("SELECT 1 FROM django_pgqueue_message WHERE id = %s FOR UPDATE", [message_id])
+    return conn
+
+
+def test_a_row_locked_under_a_running_atomic_handler_stalls_nothing(start_worker):
+    """The handler of a leased message finishes while another client holds
+    its row: the acknowledgement waits LOCK_TIMEOUT, fails, and the worker
+    goes on with the others. Once the lock is gone the message runs again
+    and its writes commit once (the first run's were rolled back)."""
+    slow = enqueue("test.sleep", {"seconds": 1.0, "then": 0})
+    worker = start_worker(
+        "--concurrency", "2", "--lease", "2", "--poll-interval", "0.2",
+        pgqueue={"LOCK_TIMEOUT": 0.5, "HEARTBEAT_INTERVAL": 1},
+    )  # fmt: skip
+    wait_until(
+        lambda: Message.objects.filter(pk=slow.pk, status=Status.PROCESSING).exists(),
+        timeout=30,
+        message="the worker to lease the slow message",
+    )
+    locker = hold_row_lock(slow.pk)
+    try:
+        others = [
+            m.pk
+            for m in enqueue_many(
+                [{"topic": "test.record"}] * 30 + [{"topic": "test.record_nonatomic"}] * 30
+            )
+        ]
+        wait_until(
+            lambda: set(others) <= set(handled_counts()),
+            timeout=30,
+            message="the other messages to be handled while the row is locked",
+        )
+        wait_until(
+            lambda: "canceling statement due to lock timeout" in worker.log(),
+            timeout=30,
+            message="the blocked acknowledgement to fail with lock_timeout",
+        )
+        assert Message.objects.filter(pk=slow.pk).exists(), "acknowledged through the lock"
+        assert not Handled.objects.filter(message_id=slow.pk).exists(), "committed twice?"
+    finally:
+        locker.close()  # rolls back: the lock is gone
+    wait_until(lambda: not Message.objects.exists(), timeout=30, message="the slow message done")
+    counts = handled_counts()
+    assert set(counts) == {*others, slow.pk} and set(counts.values()) == {1}
+    assert Handled.objects.get(message_id=slow.pk).attempt == 2
+    assert not DeadLetter.objects.exists()
+    assert worker.popen.poll() is None, "the worker died"
+
+
+FINISHED = threading.Event()
+LOCKED = threading.Event()
+
+
+@pytest.fixture
+def handler_that_waits_for_a_lock():
+    """A non-atomic handler that returns only once the test has locked its
+    row: its acknowledgement then finds the row locked."""
+
+    def handle(message):
+        FINISHED.set()
+        LOCKED.wait(timeout=20)
+
+    FINISHED.clear()
+    LOCKED.clear()
+    registry.handler("test.limits.waits", atomic=False)(handle)
+    yield
+    registry.unregister("test.limits.waits")
+
+
+@override_settings(PGQUEUE={"LOCK_TIMEOUT": 30})
+def test_a_locked_row_defers_its_acknowledgement_not_the_others(
+    handler_that_waits_for_a_lock, caplog, transactional_db
+):
+    """Batched acknowledgements (atomic=False) skip a locked row and try it
+    again later; claims and the other acknowledgements go on meanwhile, with
+    no wait for the lock (LOCK_TIMEOUT is long here)."""
+    # A pgqueue_worker run by an earlier test may have left the logger's level higher.
+    caplog.set_level(logging.WARNING, logger="django_pgqueue")
+    waiting = enqueue("test.limits.waits", {})
+    with running_worker(concurrency=2, batch_size=4, poll_interval=0.2, lease_seconds=10):
+        assert FINISHED.wait(timeout=20), "the handler never ran"
+        locker = hold_row_lock(waiting.pk)
+        try:
+            LOCKED.set()
+            wait_until(
+                lambda: "acknowledgement deferred" in caplog.text,
+                timeout=20,
+                message="the acknowledgement to skip the locked row",
+            )
+            others = [m.pk for m in enqueue_many([{"topic": "test.record_nonatomic"}] * 40)]
+            wait_until(
+                lambda: not Message.objects.filter(pk__in=others).exists(),
+                timeout=20,
+                message="the others to be handled and acknowledged",
+            )
+            assert Message.objects.filter(pk=waiting.pk, status=Status.PROCESSING).exists()
+        finally:
+            locker.close()
+        wait_until(lambda: not Message.objects.exists(), timeout=20, message="the last ack")
+    assert handled_counts() == {pk: 1 for pk in others}
+    assert "lease lost" not in caplog.text
+    assert not DeadLetter.objects.exists()
+
+
+# --- no connection slot left ---------------------------------------------------
+
+
+@pytest.fixture
+def limited_role(transactional_db):
+    """A login role of its own with CONNECTION LIMIT 3 (superusers have no
+    limit) and the rights a worker needs on the test database."""
+    role = f"pgq_limited_{os.getpid()}"
+    with raw_connection(autocommit=True) as conn:
+        conn.execute(f"DROP ROLE IF EXISTS {role}")
+        conn.execute(f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 3")
+        conn.execute(f"GRANT USAGE ON SCHEMA public TO {role}")
+        conn.execute(
+            f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}"
+        )
+        conn.execute(f"GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {role}")
+    yield role
+    with raw_connection(autocommit=True) as conn:
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", [role]
+        )
+        conn.execute(f"DROP OWNED BY {role}")
+        conn.execute(f"DROP ROLE {role}")
+
+
+def test_no_connection_slot_left_the_worker_waits_then_drains(limited_role, start_worker_env):
+    params = connection.settings_dict
+    as_role = dict(
+        dbname=params["NAME"], user=limited_role, host=params["HOST"], port=params["PORT"]
+    )
+    hogs = [psycopg.connect(**as_role) for _ in range(3)]  # every slot the role has
+    try:
+        url = database_url("default").replace(f"//{params['USER']}@", f"//{limited_role}@")
+        ids = [m.pk for m in enqueue_many([{"topic": "test.record"}] * 20)]
+        worker = start_worker_env(
+            "--concurrency", "1", "--poll-interval", "0.2",
+            pgqueue={"NOTIFY": False}, env={"DATABASE_URL": url},
+        )  # fmt: skip
+        wait_until(
+            lambda: worker.log().count("the database takes no more connections") >= 2,
+            timeout=30,
+            message="the worker to log the refused connections, twice",
+        )
+        assert "too many connections for role" in worker.log()
+        assert worker.popen.poll() is None, f"the worker exited:\n{worker.log()}"
+        assert not Handled.objects.exists()
+    finally:
+        for hog in hogs:
+            hog.close()
+    wait_until(lambda: not Message.objects.exists(), timeout=40, message="the queue to drain")
+    assert handled_counts() == {pk: 1 for pk in ids}
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0, worker.log()
+    assert "Traceback" not in worker.log()
