@@ -1,3 +1,4 @@
+import django
 from django.apps import AppConfig
 from django.db.models.signals import post_migrate
 
@@ -18,3 +19,6 @@ class PgQueueConfig(AppConfig):
         # Dead-letter alerts (they do nothing while ALERT_WEBHOOK_URL is None).
         dead_lettered.connect(alerts.on_dead_lettered, dispatch_uid="django_pgqueue.alerts")
         registry.autodiscover()  # every installed app's handlers module, ours too
+        if django.VERSION >= (6, 0):
+            # The django.tasks backend: its handler runs tasks in the worker.
+            from . import tasks  # noqa: F401

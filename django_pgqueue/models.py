@@ -245,3 +245,63 @@ class AlertState(models.Model):
     def __str__(self):
         return f"{self.topic} / {self.category}"
 
+
+class TaskStatus(models.TextChoices):
+    # The values of django.tasks.TaskResultStatus (this module imports no
+    # django.tasks: it must load on Django 5.2 too).
+    READY = "READY", "Ready"
+    RUNNING = "RUNNING", "Running"
+    FAILED = "FAILED", "Failed"
+    SUCCESSFUL = "SUCCESSFUL", "Successful"
+
+
+class TaskRecord(models.Model):
+    """One ``django.tasks`` task enqueued through ``tasks.PgQueueBackend``:
+    what was asked for and, once it is known, how it ended.
+
+    Written with the task's message (in the same transaction), then by the
+    worker: a success in the handler's transaction (with the message's
+    acknowledgement), a failure after the worker has recorded it. While the
+    task is unfinished, its live state (waiting, running, dead-lettered,
+    revived) is read from ``Message`` and ``DeadLetter`` through
+    ``message_id``: this row's ``status`` is authoritative only when it is
+    SUCCESSFUL.
+    """
+
+    id = models.UUIDField(primary_key=True)
+    task_path = models.CharField(max_length=255)
+    backend = models.CharField(max_length=100, help_text="The TASKS alias it was enqueued with.")
+    queue_name = models.CharField(max_length=conf.QUEUE_MAX_LENGTH)
+    priority = models.SmallIntegerField(db_default=0)
+    run_after = models.DateTimeField(null=True, blank=True)
+    args = models.JSONField(db_default=[], blank=True)
+    kwargs = models.JSONField(db_default={}, blank=True)
+    status = models.CharField(
+        max_length=16, choices=TaskStatus.choices, db_default=TaskStatus.READY
+    )
+    enqueued_at = models.DateTimeField(db_default=Now())
+    started_at = models.DateTimeField(null=True, blank=True)
+    last_attempted_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    return_value = models.JSONField(null=True, blank=True)
+    errors = models.JSONField(
+        db_default=[], blank=True, help_text="[{exception_class_path, traceback}], oldest first."
+    )
+    worker_ids = models.JSONField(db_default=[], blank=True)
+    message_id = models.BigIntegerField(
+        null=True, blank=True, help_text="Its message (the latest one, after a revive)."
+    )
+
+    class Meta:
+        verbose_name = "task result"
+        indexes = [
+            models.Index(fields=["status", "finished_at"], name="pgqueue_task_status_idx"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(status__in=TaskStatus.values), name="pgqueue_task_status_valid"
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.task_path} {self.pk}"

@@ -105,3 +105,22 @@ LOGGING = {
     },
 }
 
+# Django's Tasks framework (Django 6.x; ignored by 5.2): django-pgqueue's
+# backend by default; "retrying" shows retries set through OPTIONS (the way
+# on Django 6.0, where @task takes no max_attempts); "immediate" is Django's
+# own backend, which the tests compare ours with.
+TASKS = {
+    "default": {
+        "BACKEND": "django_pgqueue.tasks.PgQueueBackend",
+        "QUEUES": ["default", "tasks"],
+    },
+    "retrying": {
+        "BACKEND": "django_pgqueue.tasks.PgQueueBackend",
+        "QUEUES": ["default", "tasks"],
+        "OPTIONS": {"MAX_ATTEMPTS": 3, "BACKOFF": "demo.tasks.no_wait"},
+    },
+    "immediate": {
+        "BACKEND": "django.tasks.backends.immediate.ImmediateBackend",
+        "QUEUES": ["default", "tasks"],
+    },
+}
