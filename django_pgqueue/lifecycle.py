@@ -170,21 +170,6 @@ def _with_limits(sql, params):
     return f"{LIMITS_SQL};{sql}", [*extra, *params], 1
 
 
-def _fetch_limited(connection, cursor, sql, params):
-    """Run ``sql`` on ``cursor`` after LIMITS_SQL and return its rows. Pipeline
-    mode sends both in one round trip, in one implicit transaction (no sync
-    between them), each a statement of its own: ``sql`` can still be
-    prepared (prepared_cursor)."""
-    extra = limits()
-    if extra is None:
-        cursor.execute(sql, params)
-        return cursor.fetchall()
-    with connection.wrap_database_errors, connection.connection.pipeline():
-        cursor.execute(LIMITS_SQL, extra)
-        cursor.execute(sql, params)
-        return cursor.fetchall()
-
-
 def _lease_expiry(lease_seconds, now):
     return (now or Now()) + datetime.timedelta(seconds=lease_seconds)
 
@@ -270,22 +255,24 @@ def ack_and_claim_rows(acks, queues, limit, worker_id, lease_seconds, now=None, 
             few_ready=few_ready,
         )
         claim_params[1:3] = [token, lease_seconds]
+        # No LOCK_TIMEOUT or STATEMENT_TIMEOUT here: the claim and these
+        # acknowledgements never wait for a lock (SKIP LOCKED) and read the
+        # head of an index; an extra statement on every cycle of the hot
+        # path would cost a sixth of the throughput.
         if acks:
-            # The statements in one round trip (one implicit transaction):
+            # Two statements in one round trip (one implicit transaction):
             # only client-side binding takes several.
             ack_sql, ack_params = _ack_statement(connection, acks, skip_locked=True)
-            both, params, skip = _with_limits(ack_sql + ";" + sql, [*ack_params, *claim_params])
             with connection.cursor() as cursor:
-                cursor.execute(both, params)
-                for _ in range(skip):
-                    cursor.nextset()
+                cursor.execute(ack_sql + ";" + sql, [*ack_params, *claim_params])
                 acked = {row[0] for row in cursor.fetchall()}
                 cursor.nextset()
                 rows = cursor.fetchall()
         else:
             # One statement, run every cycle: prepared when the connection allows.
             with prepared_cursor(connection) as cursor:
-                rows = _fetch_limited(connection, cursor, sql, claim_params)
+                cursor.execute(sql, claim_params)
+                rows = cursor.fetchall()
         if pending:
             busy = _unacknowledged(pending, acked)
         acks = pending = ()
@@ -535,7 +522,9 @@ def ack_leased(messages, async_commit=False, skip_locked=False):
     sql, params = _ack_statement(connection, messages, skip_locked)
     if async_commit:
         sql = ASYNC_COMMIT_SQL + sql
-    sql, params, skip = _with_limits(sql, params)
+    skip = 0
+    if not skip_locked:  # only a statement that may wait for a lock needs the limits
+        sql, params, skip = _with_limits(sql, params)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         for _ in range(skip + async_commit):
