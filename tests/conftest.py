@@ -138,7 +138,7 @@ def database_url(alias):
 class WorkerProcess:
     """A real ``manage.py pgqueue_worker`` process on the test database."""
 
-    def __init__(self, args, log_path, pgqueue=None):
+    def __init__(self, args, log_path, pgqueue=None, env=None):
         import json
         import os
         import subprocess
@@ -151,6 +151,8 @@ class WorkerProcess:
             "PYTHONUNBUFFERED": "1",
             # The worker's PGQUEUE setting (testproject/settings.py reads it).
             "PGQUEUE_JSON": json.dumps(pgqueue or {}),
+            # Last, so they win: DATABASE_URL through PgBouncer, another role...
+            **(env or {}),
         }
         self.log_path = log_path
         self._log = open(log_path, "w")  # noqa: SIM115  (closed in stop())
@@ -180,11 +182,14 @@ class WorkerProcess:
 
 @pytest.fixture
 def start_worker(transactional_db, tmp_path):
-    """Start worker processes; every one still alive at teardown is killed."""
+    """Start worker processes (``env``: environment variables that override
+    the test database's); every one still alive at teardown is killed."""
     started = []
 
-    def start(*args, pgqueue=None):
-        worker = WorkerProcess(args, tmp_path / f"worker-{len(started)}.log", pgqueue=pgqueue)
+    def start(*args, pgqueue=None, env=None):
+        worker = WorkerProcess(
+            args, tmp_path / f"worker-{len(started)}.log", pgqueue=pgqueue, env=env
+        )
         started.append(worker)
         return worker
 
@@ -257,52 +262,6 @@ def running_worker(**options):
         thread.join(timeout=30)
         assert not thread.is_alive(), "the worker did not stop"
         assert not errors, f"the worker crashed: {errors!r}"
-
-
-class EnvWorkerProcess(WorkerProcess):
-    """A WorkerProcess whose environment variables ``env`` win over the test
-    database's: DATABASE_URL through PgBouncer, or for another role."""
-
-    def __init__(self, args, log_path, pgqueue=None, env=None):
-        import json
-        import os
-        import subprocess
-        import sys
-
-        environment = {
-            **os.environ,
-            "DATABASE_URL": database_url("default"),
-            "OTHER_DATABASE_URL": database_url("other"),
-            "PYTHONUNBUFFERED": "1",
-            "PGQUEUE_JSON": json.dumps(pgqueue or {}),
-            **(env or {}),
-        }
-        self.log_path = log_path
-        self._log = open(log_path, "w")  # noqa: SIM115  (closed in kill())
-        self.popen = subprocess.Popen(
-            [sys.executable, str(MANAGE), "pgqueue_worker", *args],
-            env=environment,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
-        self.pid = self.popen.pid
-
-
-@pytest.fixture
-def start_worker_env(transactional_db, tmp_path):
-    """``start_worker`` with ``env=`` (environment variables for the
-    process); every one still alive at teardown is killed."""
-    started = []
-
-    def start(*args, pgqueue=None, env=None):
-        log_path = tmp_path / f"worker-env-{len(started)}.log"
-        worker = EnvWorkerProcess(args, log_path, pgqueue=pgqueue, env=env)
-        started.append(worker)
-        return worker
-
-    yield start
-    for worker in started:
-        worker.kill()
 
 
 @pytest.fixture(autouse=True)

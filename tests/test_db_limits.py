@@ -318,7 +318,7 @@ def limited_role(transactional_db):
         conn.execute(f"DROP ROLE {role}")
 
 
-def test_no_connection_slot_left_the_worker_waits_then_drains(limited_role, start_worker_env):
+def test_no_connection_slot_left_the_worker_waits_then_drains(limited_role, start_worker):
     params = connection.settings_dict
     as_role = dict(
         dbname=params["NAME"], user=limited_role, host=params["HOST"], port=params["PORT"]
@@ -327,7 +327,7 @@ def test_no_connection_slot_left_the_worker_waits_then_drains(limited_role, star
     try:
         url = database_url("default").replace(f"//{params['USER']}@", f"//{limited_role}@")
         ids = [m.pk for m in enqueue_many([{"topic": "test.record"}] * 20)]
-        worker = start_worker_env(
+        worker = start_worker(
             "--concurrency", "1", "--poll-interval", "0.2",
             pgqueue={"NOTIFY": False}, env={"DATABASE_URL": url},
         )  # fmt: skip

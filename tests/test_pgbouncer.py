@@ -154,7 +154,7 @@ def maintenance_rounds(logs):
 
 
 def test_poll_only_workers_drain_through_pgbouncer_one_maintainer_at_a_time(
-    pgbouncer, start_worker_env, make_message
+    pgbouncer, start_worker, make_message
 ):
     env = pgbouncer.worker_env()
     pgqueue = {"NOTIFY": False, "HEARTBEAT_INTERVAL": 1}
@@ -165,7 +165,7 @@ def test_poll_only_workers_drain_through_pgbouncer_one_maintainer_at_a_time(
         m.pk
         for m in enqueue_many([{"payload": {"seconds": 60, "then": 0}}] * 4, topic="test.sleep")
     ]
-    victim = start_worker_env("--concurrency", "4", *options, pgqueue=pgqueue, env=env)
+    victim = start_worker("--concurrency", "4", *options, pgqueue=pgqueue, env=env)
     wait_until(
         lambda: Message.objects.filter(pk__in=stuck, status="processing").count() == 4,
         timeout=30,
@@ -180,9 +180,7 @@ def test_poll_only_workers_drain_through_pgbouncer_one_maintainer_at_a_time(
     ]
     invariant = InvariantChecker(atomic + stuck)
     workers = [
-        start_worker_env(
-            "--concurrency", "3", "--batch-size", "20", *options, pgqueue=pgqueue, env=env
-        )
+        start_worker("--concurrency", "3", "--batch-size", "20", *options, pgqueue=pgqueue, env=env)
         for _ in range(3)
     ]
     # Meanwhile more leases expire (messages of a worker that is gone): every
