@@ -69,7 +69,7 @@ def _check_pooling(alias, database):
         problems.append(
             checks.Error(
                 f"The queue database {alias!r} has OPTIONS server_side_binding=True: the "
-                "worker sends an acknowledgement and a claim (and its limits) in one round "
+                "worker sends an acknowledgement and a claim in one round "
                 "trip, which needs Django's default client-side binding.",
                 hint="Remove server_side_binding; django-pgqueue binds its hot statements on "
                 "the server where that helps, and prepares them with prepare_threshold.",

@@ -70,15 +70,17 @@ DEFAULTS = {
     # Seconds between a worker's heartbeats (its row in the worker table). A
     # worker counts as alive until three intervals pass without one.
     "HEARTBEAT_INTERVAL": 10.0,
-    # Limits on the worker's own statements (claim, acknowledgement, lease
-    # extension, heartbeat, retries and dead-lettering, maintenance), in
-    # seconds; None keeps the server's setting. Set per transaction (SET
-    # LOCAL), so they never reach a handler's own queries and hold behind
-    # PgBouncer in transaction pooling. LOCK_TIMEOUT: how long one of them
-    # waits for a row or table lock that another transaction holds before it
-    # fails and is retried (the worker's statements skip or never wait for
-    # each other's locks). STATEMENT_TIMEOUT: the longest one may run; they
-    # take milliseconds, so one that runs this long is stuck.
+    # Limits on the worker's own statements that may wait for a lock (an
+    # atomic handler's acknowledgement, lease extension, heartbeat and poll,
+    # retries and dead-lettering, maintenance), in seconds; None keeps the
+    # server's setting. The claim and the batched acknowledgements of
+    # atomic=False handlers never wait for a lock (SKIP LOCKED) and carry
+    # none. Set per transaction (SET LOCAL), so they never reach a handler's
+    # own queries and hold behind PgBouncer in transaction pooling.
+    # LOCK_TIMEOUT: how long one of them waits for a row or table lock that
+    # another transaction holds before it fails and is retried.
+    # STATEMENT_TIMEOUT: the longest one may run; they take milliseconds, so
+    # one that runs this long is stuck.
     "LOCK_TIMEOUT": 5.0,
     "STATEMENT_TIMEOUT": 60.0,
     # Who may read the metrics and health URLs of django_pgqueue.urls:

@@ -101,7 +101,9 @@ RETURNING id
 # acknowledgement, after the handler), and they hold behind PgBouncer in
 # transaction pooling, where a session's SET would stay on the server
 # connection and reach other clients. A setting of None keeps the value the
-# session has (the server's, the role's, the project's OPTIONS).
+# session has (the server's, the role's, the project's OPTIONS). The claim
+# and the skip-locked acknowledgements never wait for a lock and go without
+# (see ack_and_claim_rows).
 LIMITS_SQL = (
     "SELECT set_config('lock_timeout', COALESCE(%s, current_setting('lock_timeout')), true), "
     "set_config('statement_timeout', COALESCE(%s, current_setting('statement_timeout')), true)"
