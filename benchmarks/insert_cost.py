@@ -8,8 +8,10 @@ one-row INSERT, each in its own (autocommit) transaction, into
 - ``ours, no notify trigger``: the same with the insert trigger disabled;
 - ``ours, no partial indexes``: without pgqueue_msg_claim_idx and
   pgqueue_msg_due_idx;
-- ``ours, trigger with DISTINCT``: the trigger function of migration 0002
-  (before 0007);
+- ``ours, no group trigger and indexes``: without what message groups
+  add to every insert (migration 0009): the row trigger that blocks grouped
+  messages (its WHEN clause is all an ungrouped insert pays) and the two
+  partial indexes of grouped rows;
 
 in turns (``--rounds`` times each, ``--n`` inserts per turn; the median
 counts), with psycopg's prepared statements, and the WAL each writes per
@@ -52,16 +54,6 @@ CREATE TRIGGER raw_jobs_notify AFTER INSERT ON raw_jobs
     FOR EACH STATEMENT EXECUTE FUNCTION raw_jobs_notify();
 """
 
-DISTINCT_FUNCTION = """
-CREATE OR REPLACE FUNCTION pgqueue_notify_insert() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_notify('django_pgqueue', inserted.queue)
-    FROM (SELECT DISTINCT queue FROM pgqueue_new_rows WHERE status = 'waiting') AS inserted;
-    RETURN NULL;
-END;
-$$"""
-
 INDEXES = {
     "pgqueue_msg_claim_idx": "CREATE INDEX pgqueue_msg_claim_idx ON django_pgqueue_message"
     " (queue, priority DESC, run_at, id) WHERE status = 'waiting'",
@@ -69,17 +61,20 @@ INDEXES = {
     " (queue, run_at) WHERE status = 'waiting'",
 }
 
+GROUP_INDEXES = {
+    "pgqueue_msg_group_head_uniq": "CREATE UNIQUE INDEX pgqueue_msg_group_head_uniq"
+    " ON django_pgqueue_message (group_key)"
+    " WHERE group_key IS NOT NULL AND status IN ('waiting', 'processing')",
+    "pgqueue_msg_group_next_idx": "CREATE INDEX pgqueue_msg_group_next_idx"
+    " ON django_pgqueue_message (group_key, id) WHERE status = 'blocked'",
+}
+
 RAW_INSERT = "INSERT INTO raw_jobs (payload) VALUES (%s)"
 OURS_INSERT = "INSERT INTO django_pgqueue_message (topic, payload) VALUES ('bench.noop', %s)"
 
 
-def current_function(conn):
-    return conn.execute("SELECT pg_get_functiondef('pgqueue_notify_insert'::regproc)").fetchone()[0]
-
-
 def variants(conn):
     """name -> (insert, setup statements, teardown statements)."""
-    function = current_function(conn)
     return {
         "raw": (RAW_INSERT, [], []),
         "ours": (OURS_INSERT, [], []),
@@ -93,7 +88,17 @@ def variants(conn):
             [f"DROP INDEX {name}" for name in INDEXES],
             list(INDEXES.values()),
         ),
-        "ours, trigger with DISTINCT": (OURS_INSERT, [DISTINCT_FUNCTION], [function]),
+        "ours, no group trigger and indexes": (
+            OURS_INSERT,
+            [
+                "ALTER TABLE django_pgqueue_message DISABLE TRIGGER pgqueue_group_insert",
+                *(f"DROP INDEX {name}" for name in GROUP_INDEXES),
+            ],
+            [
+                "ALTER TABLE django_pgqueue_message ENABLE TRIGGER pgqueue_group_insert",
+                *GROUP_INDEXES.values(),
+            ],
+        ),
     }
 
 
@@ -153,7 +158,7 @@ def main(argv=None):
     )
     for name, values in times.items():
         turns = " ".join(f"{v:.0f}" for v in values)
-        print(f"  {name:30} {statistics.median(values):6.0f} us  ({turns})  {wal[name]:.0f} B")
+        print(f"  {name:34} {statistics.median(values):6.0f} us  ({turns})  {wal[name]:.0f} B")
 
 
 if __name__ == "__main__":

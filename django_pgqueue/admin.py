@@ -294,8 +294,8 @@ class MessageAdmin(QueueAdminMixin, admin.ModelAdmin):
                 form,
                 title="Move messages to the dead letters",
                 summary=(
-                    f"{queryset.count()} message(s) selected. Waiting ones move to the dead "
-                    f"letters with the category chosen here; {leased} being processed "
+                    f"{queryset.count()} message(s) selected. Waiting (and blocked) ones move "
+                    f"to the dead letters with the category chosen here; {leased} being processed "
                     "(leased) will be skipped."
                 ),
                 submit_label="Move to dead letters",
@@ -303,15 +303,16 @@ class MessageAdmin(QueueAdminMixin, admin.ModelAdmin):
         category = form.cleaned_data["category"]
         reason = f"moved by {request.user.get_username()}"
         moved = lost = 0
-        for ids in _ids_in_chunks(queryset.filter(status=Status.WAITING), size=500):
+        movable = queryset.filter(status__in=[Status.WAITING, Status.BLOCKED])
+        for ids in _ids_in_chunks(movable, size=500):
             batch = []
             for message in (
                 Message.objects.using(queryset.db)
                 .filter(pk__in=ids)
-                .only("id", "topic", "attempts")
+                .only("id", "topic", "attempts", "status")
             ):
                 # One guarded transaction each; None: a worker took it meanwhile.
-                if lifecycle.dead_letter(message, category, reason, expect=Status.WAITING):
+                if lifecycle.dead_letter(message, category, reason, expect=message.status):
                     batch.append(message)
                 else:
                     lost += 1

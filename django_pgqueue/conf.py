@@ -48,6 +48,11 @@ DEFAULTS = {
     # DEPENDENCY failures (a downstream service is down) back off this many
     # times longer than the others.
     "DEPENDENCY_BACKOFF_FACTOR": 5.0,
+    # Message groups (group_key): when a message of a group is dead-lettered,
+    # False lets the group go on with its next message; True keeps the group
+    # blocked until the dead letter is revived (it then runs first),
+    # resolved or deleted. A handler's dead_letter_blocks_group overrides it.
+    "DEAD_LETTER_BLOCKS_GROUP": False,
     # Classification rules tried before the built-in ones, first match wins.
     # Each is a dict with "category" and one or more conditions: "exception"
     # (a class or dotted path; subclasses match), "message" (a substring of
@@ -353,6 +358,7 @@ _VALIDATORS = {
     "BACKOFF_BASE": _positive_number,
     "BACKOFF_CAP": _positive_number,
     "BACKOFF_JITTER": _bool,
+    "DEAD_LETTER_BLOCKS_GROUP": _bool,
     "DEPENDENCY_BACKOFF_FACTOR": _factor,
     "CLASSIFY_RULES": _rules,
     "CLASSIFIER": _classifier,

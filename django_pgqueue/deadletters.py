@@ -31,7 +31,7 @@ from django.db.models import Case, F, Max, QuerySet, TextField, Value, When
 from django.db.models.functions import Concat
 from django.utils import timezone
 
-from . import conf
+from . import conf, lifecycle
 from .exceptions import DeadLetterError, InvalidMessage
 from .models import UNFINISHED, Category, DeadLetter, DeadLetterState, Message
 from .producer import check_message, enqueue_many
@@ -212,6 +212,11 @@ class _Reviver:
                         skips.append(
                             (row, DUPLICATE, f"message id={message.pk} holds its dedup_key")
                         )
+                for row, message in revived:
+                    if row.holds_group:
+                        # It kept its group blocked: it goes first.
+                        lifecycle.lead_group(message)
+                        row.holds_group = False
                 _mark_revived([row for row, _ in revived], self.using)
                 result.done += len(revived)
             for _, reason, _ in skips:
@@ -281,7 +286,15 @@ def _mark_revived(rows, using):
     if rows:
         DeadLetter.objects.using(using).bulk_update(
             rows,
-            ["state", "revived_at", "revive_count", "revived_message_id", "revived_by", "notes"],
+            [
+                "state",
+                "revived_at",
+                "revive_count",
+                "revived_message_id",
+                "revived_by",
+                "notes",
+                "holds_group",  # a trigger releases the group (migration 0009)
+            ],
         )
 
 
@@ -336,6 +349,7 @@ def resolve(dead_letters, *, note, by="", dry_run=False, now=None, chunk_size=CH
                 .filter(pk__in=[row.pk for row in fresh], state=DeadLetterState.NEW)
                 .update(
                     state=DeadLetterState.RESOLVED,
+                    holds_group=False,  # a trigger releases the group (migration 0009)
                     resolved_at=now_value,
                     resolved_by=by,
                     notes=_append_expression(_note_line(now_value, "resolved", by, note)),

@@ -27,7 +27,7 @@ import uuid
 from dataclasses import dataclass
 
 from django.db import connections, transaction
-from django.db.models import DateTimeField, F, Q, QuerySet, Subquery, Value
+from django.db.models import DateTimeField, Exists, F, Q, QuerySet, Subquery, Value
 from django.db.models.base import ModelState
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce, Greatest, Now
@@ -35,7 +35,16 @@ from django.utils import timezone
 
 from . import conf, policy, registry, signals
 from .db import prepared_cursor
-from .models import Category, DeadLetter, Message, Status, WorkerHeartbeat, timestamp_from_text
+from .models import (
+    GROUP_HEAD,
+    Category,
+    DeadLetter,
+    GroupRelease,
+    Message,
+    Status,
+    WorkerHeartbeat,
+    timestamp_from_text,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +52,8 @@ logger = logging.getLogger(__name__)
 # due run_at of its queues and the oldest lease expiry (of any queue). One
 # query per poll interval, a sleep that does not depend on the worker's clock
 # agreeing with the database's, and maintenance only when a lease expired.
+# Also whether a message group waits for its next message to be promoted (a
+# GroupRelease row): the fallback when its NOTIFY was missed or is off.
 # Each subquery reads the head of a partial index. A row written by another
 # client may hold 'infinity' or '-infinity', which Python cannot load: the
 # first reads as "never" (NULL), the second as "now".
@@ -52,7 +63,8 @@ SELECT now(),
         LATERAL (SELECT run_at FROM {table} WHERE status = 'waiting' AND queue = q.name
         ORDER BY run_at LIMIT 1) AS head) AS due),
     (SELECT {finite} FROM (SELECT min(lease_expires_at) AS t FROM {table}
-        WHERE status = 'processing') AS lease)
+        WHERE status = 'processing') AS lease),
+    EXISTS (SELECT 1 FROM {releases})
 """.replace("{finite}", "CASE WHEN isfinite(t) THEN t WHEN t < now() THEN now() END")
 
 # A worker's heartbeat: insert or refresh its row. The worker computes how
@@ -111,6 +123,18 @@ LIMITS_SQL = (
 
 # The wake-up the insert trigger sends, for changes that are not inserts.
 NOTIFY_SQL = "SELECT pg_notify('django_pgqueue', queue) FROM unnest(%s::text[]) AS queue"
+
+# Message groups: promote the next message of released groups (the function
+# of migration 0009; see models.GroupRelease). Returns how many releases are
+# left for another call. Sent in the claim's round trip, before the claim,
+# when the worker has reason to think a group was released: the promoted
+# heads are claimed at once.
+PROMOTE_GROUPS_SQL = "SELECT pgqueue_promote_groups(%s, %s)"
+PROMOTE_LIMIT = 1000  # releases per call
+# The transaction-scoped advisory lock of one group (two-key form: its own
+# space, apart from the maintenance lock's single key), as the promotion
+# function takes it.
+GROUP_LOCK_SQL = "SELECT pg_advisory_xact_lock(1885827431, hashtext(%s))"
 
 # Maintenance leadership: a transaction-scoped advisory lock, so it works
 # behind a transaction-pooling PgBouncer too (no session state) and is
@@ -214,6 +238,46 @@ def claim(queues, limit, worker_id, lease_seconds, now=None, few_ready=False):
     return ack_and_claim((), queues, limit, worker_id, lease_seconds, now, few_ready)[1]
 
 
+def promote_groups(limit=PROMOTE_LIMIT):
+    """Promote the next message of each released group (see
+    models.GroupRelease), in a transaction of its own unless the caller has
+    one. Returns how many releases are left for another call (groups being
+    promoted by another transaction right now, or past ``limit``)."""
+    using = alias()
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        cursor.execute(PROMOTE_GROUPS_SQL, [limit, bool(conf.get("NOTIFY"))])
+        return cursor.fetchone()[0]
+
+
+def lead_group(message):
+    """Make ``message``, just inserted (so blocked) in the caller's
+    transaction, the head of its group ahead of the group's older blocked
+    messages, if the group has no head: a revived dead letter that held its
+    group runs first. Returns whether it became the head."""
+    using = alias()
+    connection = connections[using]
+    with transaction.atomic(using=using):
+        with connection.cursor() as cursor:
+            # After the lock, the statements below see what a promotion of
+            # this group that held it committed (READ COMMITTED).
+            cursor.execute(GROUP_LOCK_SQL, [message.group_key])
+        has_head = Message.objects.using(using).filter(
+            group_key=message.group_key, status__in=GROUP_HEAD
+        )
+        led = (
+            Message.objects.using(using)
+            .filter(pk=message.pk, status=Status.BLOCKED)
+            .exclude(Exists(has_head))
+            .update(status=Status.WAITING, updated_at=Now())
+        )
+        if led and conf.get("NOTIFY"):
+            with connection.cursor() as cursor:
+                cursor.execute(NOTIFY_SQL, [[message.queue]])
+    if led:
+        message.status = Status.WAITING
+    return bool(led)
+
+
 def ack_and_claim(acks, queues, limit, worker_id, lease_seconds, now=None, few_ready=False):
     """Acknowledge ``acks`` (finished messages of atomic=False handlers, as
     ``ack_many``) and claim (as ``claim``) in one round trip: the worker's
@@ -224,18 +288,34 @@ def ack_and_claim(acks, queues, limit, worker_id, lease_seconds, now=None, few_r
     server crash it may be lost and the message delivered again, which
     atomic=False handlers accept (at-least-once).
     """
-    acked, _busy, rows = ack_and_claim_rows(
-        acks, queues, limit, worker_id, lease_seconds, now, few_ready
-    )
-    return acked, [message_from_row(row) for row in rows]
+    result = ack_and_claim_rows(acks, queues, limit, worker_id, lease_seconds, now, few_ready)
+    return result.acked, [message_from_row(row) for row in result.rows]
 
 
-def ack_and_claim_rows(acks, queues, limit, worker_id, lease_seconds, now=None, few_ready=False):
+@dataclass(frozen=True)
+class ClaimResult:
+    acked: set  # ids of the acknowledgements that removed their row
+    busy: set  # ids left for a later try: another transaction has their row locked
+    rows: list  # the claimed messages as the statement's rows, in claim order
+    groups_left: int = 0  # releases the group promotion left for another call
+
+
+def ack_and_claim_rows(
+    acks,
+    queues,
+    limit,
+    worker_id,
+    lease_seconds,
+    now=None,
+    few_ready=False,
+    promote=False,
+):
     """``ack_and_claim``, the claimed messages as the statement's rows (in
     claim order), for ``message_from_row``: the worker's main loop leaves
-    building them to the handler threads. Returns (the acknowledged ids,
-    the ids of ``acks`` left for a later try because another transaction
-    has their row locked, the rows)."""
+    building them to the handler threads. ``promote``: promote the
+    next message of released groups first, in the same round trip (after
+    the acknowledgements, which may release groups; before the claim, which
+    then takes the new heads). Returns a ClaimResult."""
     using = alias()
     connection = connections[using]
     async_commit = not connection.in_atomic_block
@@ -243,6 +323,7 @@ def ack_and_claim_rows(acks, queues, limit, worker_id, lease_seconds, now=None, 
     claimed = []
     acked = set()
     busy = set()
+    groups_left = 0
     pending = list(acks)
     # One ordered index scan per queue (an IN list over several queues
     # cannot use the index order and would sort every waiting row).
@@ -261,15 +342,27 @@ def ack_and_claim_rows(acks, queues, limit, worker_id, lease_seconds, now=None, 
         # acknowledgements never wait for a lock (SKIP LOCKED) and read the
         # head of an index; an extra statement on every cycle of the hot
         # path would cost a sixth of the throughput.
-        if acks:
-            # Two statements in one round trip (one implicit transaction):
-            # only client-side binding takes several.
-            ack_sql, ack_params = _ack_statement(connection, acks, skip_locked=True)
+        if acks or promote:
+            # Several statements in one round trip (one implicit
+            # transaction): only client-side binding takes several.
+            statements, params = [], []
+            if acks:
+                ack_sql, ack_params = _ack_statement(connection, acks, skip_locked=True)
+                statements.append(ack_sql)
+                params += ack_params
+            if promote:
+                statements.append(PROMOTE_GROUPS_SQL)
+                params += [PROMOTE_LIMIT, bool(conf.get("NOTIFY"))]
             with connection.cursor() as cursor:
-                cursor.execute(ack_sql + ";" + sql, [*ack_params, *claim_params])
-                acked = {row[0] for row in cursor.fetchall()}
-                cursor.nextset()
+                cursor.execute(";".join([*statements, sql]), [*params, *claim_params])
+                if acks:
+                    acked = {row[0] for row in cursor.fetchall()}
+                    cursor.nextset()
+                if promote:
+                    groups_left = cursor.fetchone()[0]
+                    cursor.nextset()
                 rows = cursor.fetchall()
+            promote = False
         else:
             # One statement, run every cycle: prepared when the connection allows.
             with prepared_cursor(connection) as cursor:
@@ -299,7 +392,7 @@ def ack_and_claim_rows(acks, queues, limit, worker_id, lease_seconds, now=None, 
                     "worker": worker_id,
                 },
             )
-    return acked, busy, claimed
+    return ClaimResult(acked, busy, claimed, groups_left)
 
 
 # The claim, one statement. The rows come from the ORM's
@@ -699,6 +792,7 @@ def dead_letter(
             last_failed_at=now,
             dead_lettered_at=now,
             worker=worker,
+            holds_group=policy.dead_letter_blocks_group(row, registry.lookup(row.topic)),
         )
         stored = Message.objects.using(using).filter(pk=row.pk)
         DeadLetter.objects.using(using).filter(pk=dead.pk).update(
@@ -798,6 +892,7 @@ class Probe:
     now: datetime.datetime  # the database's clock
     next_run_at: datetime.datetime | None  # earliest run_at waiting in the queues
     oldest_lease: datetime.datetime | None  # earliest lease expiry, any queue
+    groups_released: bool = False  # a message group waits for its next message's promotion
 
     @property
     def ready(self):
@@ -817,7 +912,10 @@ def probe(queues, beat=None):
     """What an idle worker needs to know, in one query (see PROBE_SQL); with
     ``beat`` (a Beat), the same statement records the worker's heartbeat."""
     connection = connections[alias()]
-    sql = PROBE_SQL.format(table=connection.ops.quote_name(Message._meta.db_table))
+    quote = connection.ops.quote_name
+    sql = PROBE_SQL.format(
+        table=quote(Message._meta.db_table), releases=quote(GroupRelease._meta.db_table)
+    )
     params = [list(queues)]
     if beat is not None:
         sql = f"WITH beat AS ({_heartbeat_sql(connection)}) {sql}"

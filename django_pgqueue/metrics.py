@@ -92,7 +92,8 @@ class DatabaseCollector:
 
         family = GaugeMetricFamily(
             "pgqueue_messages",
-            "Messages in the queue table by queue, topic and state (ready, delayed, processing).",
+            "Messages in the queue table by queue, topic and state "
+            "(ready, delayed, blocked, processing).",
             labels=["queue", "topic", "state"],
         )
         for queue, topic, state, count in messages:

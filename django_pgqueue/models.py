@@ -45,6 +45,9 @@ def timestamp_from_text(text):
 class Status(models.TextChoices):
     # Waiting covers ready, delayed and waiting-to-retry: run_at tells them apart.
     WAITING = "waiting", "Waiting"
+    # Behind an earlier message of its group (group_key): no worker claims it
+    # until it becomes its group's next message (see GroupRelease).
+    BLOCKED = "blocked", "Blocked (behind its group)"
     PROCESSING = "processing", "Processing"
     DONE = "done", "Done"
 
@@ -64,7 +67,9 @@ class DeadLetterState(models.TextChoices):
 
 
 # The statuses a message has until it is finished; dedup keys are unique among them.
-UNFINISHED = [Status.WAITING, Status.PROCESSING]
+UNFINISHED = [Status.WAITING, Status.BLOCKED, Status.PROCESSING]
+# A group's head: the one message of a group that may be claimed or run.
+GROUP_HEAD = [Status.WAITING, Status.PROCESSING]
 
 
 class Message(models.Model):
@@ -115,6 +120,13 @@ class Message(models.Model):
                 condition=Q(status=Status.PROCESSING),
                 name="pgqueue_msg_lease_idx",
             ),
+            # A group's blocked messages in enqueue order: the next one to
+            # promote when its head leaves.
+            models.Index(
+                fields=["group_key", "id"],
+                condition=Q(status=Status.BLOCKED),
+                name="pgqueue_msg_group_next_idx",
+            ),
         ]
         constraints = [
             models.UniqueConstraint(
@@ -123,6 +135,13 @@ class Message(models.Model):
                 # entry on every insert and claim.
                 condition=Q(status__in=UNFINISHED, dedup_key__isnull=False),
                 name="pgqueue_msg_dedup_uniq",
+            ),
+            # At most one message of a group is claimable or running: the
+            # database itself refuses a second head, whatever a client does.
+            models.UniqueConstraint(
+                fields=["group_key"],
+                condition=Q(status__in=GROUP_HEAD, group_key__isnull=False),
+                name="pgqueue_msg_group_head_uniq",
             ),
             models.CheckConstraint(
                 condition=Q(status__in=Status.values), name="pgqueue_msg_status_valid"
@@ -176,11 +195,20 @@ class DeadLetter(models.Model):
     category_set_by = models.CharField(max_length=150, db_default="", blank=True)
     category_set_at = models.DateTimeField(null=True, blank=True)
     notes = models.TextField(db_default="", blank=True)
+    holds_group = models.BooleanField(
+        db_default=False,
+        help_text="Its group stays blocked until it is revived, resolved or deleted.",
+    )
 
     class Meta:
         indexes = [
             models.Index(fields=["state", "-dead_lettered_at"], name="pgqueue_dl_state_idx"),
             models.Index(fields=["topic", "category"], name="pgqueue_dl_topic_cat_idx"),
+            models.Index(
+                fields=["group_key"],
+                condition=Q(holds_group=True),
+                name="pgqueue_dl_holds_group_idx",
+            ),
         ]
         constraints = [
             models.CheckConstraint(
@@ -198,6 +226,31 @@ class DeadLetter(models.Model):
 
     def __str__(self):
         return f"{self.topic} dead letter #{self.pk}"
+
+
+class GroupRelease(models.Model):
+    """A message group that may need its next message promoted.
+
+    Written by triggers (migration 0009) in the same transaction as the
+    change that may have left the group without a head: a grouped message
+    inserted (it arrives blocked) or deleted (acknowledged, dead-lettered,
+    removed), a dead letter that held its group revived, resolved or
+    deleted. Workers consume the rows (``lifecycle.promote_groups``): for
+    each group, under a transaction-scoped advisory lock, if no message of
+    the group is waiting or processing and no dead letter holds it, its
+    oldest blocked message becomes waiting. A row is a hint that is always
+    safe to act on; duplicates cost a lookup.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    group_key = models.CharField(max_length=conf.KEY_MAX_LENGTH)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        verbose_name = "group release"
+
+    def __str__(self):
+        return f"release of group {self.group_key}"
 
 
 class WorkerHeartbeat(models.Model):

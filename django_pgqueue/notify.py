@@ -3,7 +3,8 @@
 The insert trigger (created by migration 0002; its function as of 0007)
 calls ``pg_notify(CHANNEL, queue)`` for each waiting row inserted, and
 PostgreSQL folds identical notifications within a transaction: listeners get
-one per transaction and queue, with the queue's name as the payload.
+one per transaction and queue, with the queue's name as the payload; a
+grouped message's insert notifies GROUPS_CHANNEL instead.
 PostgreSQL delivers it when the inserting transaction commits, whichever
 client inserted. It is a hint that work is ready, never the delivery path:
 workers also poll, because NOTIFY is at-most-once.
@@ -21,6 +22,9 @@ from . import conf
 logger = logging.getLogger(__name__)
 
 CHANNEL = "django_pgqueue"
+# A grouped message's insert (it arrives blocked): workers promote the next
+# message of released groups (migration 0009). Empty payload.
+GROUPS_CHANNEL = "django_pgqueue_groups"
 TRIGGER = "pgqueue_notify_insert"
 
 

@@ -117,6 +117,16 @@ def max_attempts_for(message, spec):
     return conf.get("MAX_ATTEMPTS")
 
 
+def dead_letter_blocks_group(message, spec):
+    """Whether dead-lettering ``message`` keeps its group blocked: never for
+    a message without a group; else its handler's choice, else the setting."""
+    if message.group_key is None:
+        return False
+    if spec is not None and spec.dead_letter_blocks_group is not None:
+        return spec.dead_letter_blocks_group
+    return conf.get("DEAD_LETTER_BLOCKS_GROUP")
+
+
 def decide(category, attempts, max_attempts, spec=None, retry_after=None, rng=random):
     """Retry (with a delay) or dead-letter, for a failure of ``category`` after
     ``attempts`` attempts out of ``max_attempts``."""

@@ -49,7 +49,7 @@ ORDER BY n"""
 _VALUES = """VALUES (%s, %s, %s::jsonb, %s::jsonb, %s,
     COALESCE(%s::timestamptz, now() + make_interval(secs => %s)), %s, %s, %s)"""
 _SKIP_DEDUP = """ON CONFLICT (topic, dedup_key)
-    WHERE status IN ('waiting', 'processing') AND dedup_key IS NOT NULL DO NOTHING"""
+    WHERE status IN ('waiting', 'blocked', 'processing') AND dedup_key IS NOT NULL DO NOTHING"""
 
 
 def _insert_sql(source, dedup):
@@ -321,6 +321,8 @@ def _match_returned(messages, returned, dedup, alias):
 
 def _saved(message, pk, run_at, created_at, alias):
     message.id, message.run_at = pk, timestamp_from_text(run_at)
+    if message.group_key is not None:
+        message.status = Status.BLOCKED  # the insert trigger's doing (migration 0009)
     message.created_at = message.updated_at = timestamp_from_text(created_at)  # one now()
     message.created = True
     message._state.adding, message._state.db = False, alias

@@ -30,6 +30,7 @@ class HandlerSpec:
     backoff_jitter: bool | None
     is_async: bool
     location: str
+    dead_letter_blocks_group: bool | None = None
 
 
 def handler(
@@ -41,13 +42,15 @@ def handler(
     backoff_base=None,
     backoff_cap=None,
     backoff_jitter=None,
+    dead_letter_blocks_group=None,
 ):
     """Register the decorated function as the handler of ``topic``.
 
     ``atomic=True`` runs the handler and the message's acknowledgement in one
     transaction on the queue's database. ``timeout`` (seconds) bounds how long
     the worker waits for it. The other options override the PGQUEUE settings
-    of the same name for this topic. ``async def`` functions are accepted.
+    of the same name for this topic (``dead_letter_blocks_group``: the
+    setting DEAD_LETTER_BLOCKS_GROUP). ``async def`` functions are accepted.
     """
     problem = conf.name_problem("topic", topic, conf.TOPIC_MAX_LENGTH)
     if problem:
@@ -61,6 +64,10 @@ def handler(
         raise ValueError(f"@handler({topic!r}): atomic must be True or False")
     if backoff_jitter is not None and not isinstance(backoff_jitter, bool):
         raise ValueError(f"@handler({topic!r}): backoff_jitter must be True, False or None")
+    if dead_letter_blocks_group is not None and not isinstance(dead_letter_blocks_group, bool):
+        raise ValueError(
+            f"@handler({topic!r}): dead_letter_blocks_group must be True, False or None"
+        )
 
     def decorate(func):
         if not callable(func):
@@ -76,6 +83,7 @@ def handler(
             backoff_jitter=backoff_jitter,
             is_async=inspect.iscoroutinefunction(func),
             location=_location(func),
+            dead_letter_blocks_group=dead_letter_blocks_group,
         )
         register(spec)
         return func

@@ -62,17 +62,20 @@ def oldest_ready_age(now=None):
 
 
 # What a message in the queue table is doing, for metrics and status: the
-# waiting status split by whether its time has come.
-READY, DELAYED, PROCESSING = "ready", "delayed", "processing"
+# waiting status split by whether its time has come; blocked (behind an
+# earlier message of its group) and processing as they are.
+READY, DELAYED, BLOCKED, PROCESSING = "ready", "delayed", "blocked", "processing"
 
 
 def messages_by_queue_topic_state(now=None):
     """``[(queue, topic, state, count), ...]`` of the queue table, with state
     one of ready (waiting, due), delayed (waiting for its run_at: a delay or a
-    retry's backoff) and processing (leased), sorted."""
+    retry's backoff), blocked (behind an earlier message of its group) and
+    processing (leased), sorted."""
     now = now or timezone.now()
     state = Case(
         When(status=Status.PROCESSING, then=Value(PROCESSING)),
+        When(status=Status.BLOCKED, then=Value(BLOCKED)),
         When(run_at__lte=now, then=Value(READY)),
         default=Value(DELAYED),
     )

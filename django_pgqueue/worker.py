@@ -41,7 +41,7 @@ from . import conf, lifecycle, maintenance, policy, registry, signals
 from .exceptions import HandlerTimeout, Permanent, Retry
 from .metrics import DEAD_LETTERED, RETRIED, NullMetrics
 from .models import Category
-from .notify import CHANNEL
+from .notify import CHANNEL, GROUPS_CHANNEL
 
 logger = logging.getLogger(__name__)
 
@@ -223,6 +223,9 @@ class Worker:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._notified = False
+        # A message group may wait for its next message's promotion: the
+        # next claim promotes first (lifecycle.ack_and_claim_rows).
+        self._groups_released = False
         self._stopping = threading.Event()  # no more claims
         self._exit = threading.Event()  # helper threads end
         self._maintenance_wanted = False
@@ -316,7 +319,8 @@ class Worker:
                     probe = True  # all done: exit unless more is ready
                 if ready_hint and self._claim_size() > 0 and not self._limit_reached():
                     asked, got = self._claim()
-                    ready_hint = got == asked  # a full batch: more may be waiting
+                    # A full batch: more may be waiting; so may more groups.
+                    ready_hint = got == asked or self._groups_released
                     probe = probe or got < asked
                 if probe:
                     probe = False
@@ -327,7 +331,10 @@ class Worker:
                     if found.lease_expired:  # a worker died: rescue now
                         self._maintenance_wanted = True
                         self._heartbeat_wake.set()
-                    if found.ready:
+                    if found.groups_released:
+                        with self._lock:
+                            self._groups_released = True
+                    if found.ready or found.groups_released:
                         ready_hint = True
                     elif self.burst and not self._busy():
                         break
@@ -360,7 +367,7 @@ class Worker:
             self._wake.clear()
             now = time.monotonic()
             with self._lock:
-                if self._notified:
+                if self._notified or self._groups_released:
                     self._notified = False
                     ready_hint = True
             if due_at is not None and now >= due_at:
@@ -375,19 +382,30 @@ class Worker:
         if self.max_messages is not None:
             asked = min(asked, self.max_messages - self.claimed)
         acks = self._take_unacked()
+        with self._lock:
+            promote = self._groups_released or any(job.message.group_key for job in acks)
+            self._groups_released = False
         started = time.perf_counter()
         try:
-            finished, busy, rows = lifecycle.ack_and_claim_rows(
+            result = lifecycle.ack_and_claim_rows(
                 [job.message for job in acks],
                 self.queues,
                 asked,
                 self.worker_id,
                 self.lease_seconds,
                 few_ready=self._few_ready,
+                promote=promote,
             )
         except BaseException:
             self._return_unacked(acks)  # flushed again next time
+            if promote:
+                with self._lock:
+                    self._groups_released = True
             raise
+        finished, busy, rows = result.acked, result.busy, result.rows
+        if result.groups_left:
+            with self._lock:
+                self._groups_released = True
         self.metrics.claimed(len(rows), time.perf_counter() - started)
         # After a short claim the next one expects few (lifecycle.claim's few_ready).
         self._few_ready = len(rows) < asked
@@ -547,7 +565,11 @@ class Worker:
                     self._acking = len(acks)
             elif outcome in (DONE, FAILED):
                 self.processed += 1
-            wake = self._loop_has_work_locked()
+            if message.group_key is not None and outcome in (DONE, FAILED):
+                # Its group may go on (acknowledged or dead-lettered): the
+                # next claim promotes the group's next message.
+                self._groups_released = True
+            wake = self._loop_has_work_locked() or self._groups_released
         if outcome == DONE:
             self._log_done(message, job.duration)
         if wake:
@@ -837,6 +859,10 @@ class Worker:
             self._return_unacked(jobs)
             raise
         self._acked(jobs, finished, busy)
+        if any(job.message.group_key is not None for job in jobs):
+            with self._lock:
+                self._groups_released = True  # the next claim promotes their groups' next
+            self._wake.set()
 
     def _take_unacked(self):
         """The finished atomic=False jobs whose acknowledgement is due."""
@@ -1032,13 +1058,17 @@ class Worker:
         while not self._exit.is_set():
             try:
                 with _listen_connection(self.worker_id) as conn:
-                    conn.execute(f"LISTEN {CHANNEL}")
+                    conn.execute(f"LISTEN {CHANNEL}; LISTEN {GROUPS_CHANNEL}")
                     delay = RECONNECT_DELAY
                     self._notify()  # poll once: notifications missed while away are gone
                     while not self._exit.is_set():
                         # Short slices: the thread notices shutdown quickly.
                         for notification in conn.notifies(timeout=0.25):
-                            if notification.payload in self.queues:
+                            if notification.channel == GROUPS_CHANNEL:
+                                with self._lock:
+                                    self._groups_released = True
+                                self._notify()
+                            elif notification.payload in self.queues:
                                 self._notify()
             except psycopg.Error as exc:
                 if self._exit.is_set():

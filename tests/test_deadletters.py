@@ -65,7 +65,8 @@ def test_revive_puts_a_waiting_message_with_the_same_fields_and_records_the_audi
     assert (result.done, dict(result.skipped)) == (1, {})
     assert str(result) == "revived 1, skipped 0"
     message = Message.objects.get()
-    assert message.status == Status.WAITING
+    # In its group (group_key), behind whatever the group holds: blocked until promoted.
+    assert message.status == Status.BLOCKED
     assert message.attempts == 0, "a revived message starts its attempts again"
     assert (message.topic, message.queue, message.priority) == ("test.record", "mail", 5)
     assert message.payload == {"order": 7, "items": [1, 2]}

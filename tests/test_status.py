@@ -126,21 +126,22 @@ def test_text_report_shows_queues_topics_dead_letters_and_workers(rows):
     queues = lines[: lines.index("")]
     assert queues[0] == "Queues"
     assert queues[1].split() == [
-        "QUEUE", "/", "TOPIC", "READY", "DELAYED", "PROCESSING", "OLDEST", "READY", "WORKERS"
+        "QUEUE", "/", "TOPIC", "READY", "DELAYED", "BLOCKED", "PROCESSING", "OLDEST", "READY",
+        "WORKERS",
     ]  # fmt: skip
-    assert re.fullmatch(r"default +3 +1 +0 +10m 0\ds +1", queues[2]), queues[2]
-    assert queues[3].split() == ["orders.created", "2", "1", "0"]
-    assert queues[4].startswith("  very.long.xxx") and queues[4].split()[1:] == ["1", "0", "0"]
+    assert re.fullmatch(r"default +3 +1 +0 +0 +10m 0\ds +1", queues[2]), queues[2]
+    assert queues[3].split() == ["orders.created", "2", "1", "0", "0"]
+    assert queues[4].startswith("  very.long.xxx") and queues[4].split()[1:] == ["1", "0", "0", "0"]
     assert queues[4].split()[0].endswith("…"), "a long topic is cut to its column"
-    assert re.fullmatch(r"mail +1 +0 +1 +2\ds +1", queues[5]), queues[5]
-    assert queues[6].split() == ["mail.send", "1", "0", "1"]
-    assert queues[7].split() == ["reports", "0", "0", "0", "0s", "0"], (
+    assert re.fullmatch(r"mail +1 +0 +0 +1 +2\ds +1", queues[5]), queues[5]
+    assert queues[6].split() == ["mail.send", "1", "0", "0", "1"]
+    assert queues[7].split() == ["reports", "0", "0", "0", "0", "0s", "0"], (
         "a configured queue is shown even when empty"
     )
-    assert queues[8].split()[:4] == ["legacy", "1", "0", "0"], (
+    assert queues[8].split()[:5] == ["legacy", "1", "0", "0", "0"], (
         "a queue that holds messages is shown even when not configured"
     )
-    assert queues[9].split() == ["orders.created", "1", "0", "0"]
+    assert queues[9].split() == ["orders.created", "1", "0", "0", "0"]
     assert len(queues) == 10
 
     dead = lines[len(queues) + 1 : len(queues) + 5]
@@ -181,32 +182,35 @@ def test_json_report_has_every_count_age_and_worker(rows):
     assert 20 <= ages["mail"] < 25, ages
     assert 5 <= ages["legacy"] < 10, ages
     assert ages["reports"] == 0
-    zero = {"ready": 0, "delayed": 0, "processing": 0}
+    zero = {"ready": 0, "delayed": 0, "blocked": 0, "processing": 0}
     assert report["queues"] == {
         "default": {
             "ready": 3,
             "delayed": 1,
+            "blocked": 0,
             "processing": 0,
             "workers_alive": 1,
             "topics": {
-                "orders.created": {"ready": 2, "delayed": 1, "processing": 0},
-                LONG_TOPIC: {"ready": 1, "delayed": 0, "processing": 0},
+                "orders.created": {"ready": 2, "delayed": 1, "blocked": 0, "processing": 0},
+                LONG_TOPIC: {"ready": 1, "delayed": 0, "blocked": 0, "processing": 0},
             },
         },
         "mail": {
             "ready": 1,
             "delayed": 0,
+            "blocked": 0,
             "processing": 1,
             "workers_alive": 1,
-            "topics": {"mail.send": {"ready": 1, "delayed": 0, "processing": 1}},
+            "topics": {"mail.send": {"ready": 1, "delayed": 0, "blocked": 0, "processing": 1}},
         },
         "reports": {**zero, "workers_alive": 0, "topics": {}},
         "legacy": {
             "ready": 1,
             "delayed": 0,
+            "blocked": 0,
             "processing": 0,
             "workers_alive": 0,
-            "topics": {"orders.created": {"ready": 1, "delayed": 0, "processing": 0}},
+            "topics": {"orders.created": {"ready": 1, "delayed": 0, "blocked": 0, "processing": 0}},
         },
     }
     assert list(report["queues"]) == ["default", "mail", "reports", "legacy"], (
@@ -259,7 +263,7 @@ def test_json_report_has_every_count_age_and_worker(rows):
 def test_an_empty_database_shows_the_default_queue_with_zeros():
     code, out, err = run()
     assert (code, err) == (0, "")
-    assert out.splitlines()[2].split() == ["default", "0", "0", "0", "0s", "0"]
+    assert out.splitlines()[2].split() == ["default", "0", "0", "0", "0", "0s", "0"]
     assert "\nDead letters\nno dead letters\n" in out
     assert out.endswith("\nWorkers\nno workers\n")
 
@@ -269,6 +273,7 @@ def test_an_empty_database_shows_the_default_queue_with_zeros():
             "default": {
                 "ready": 0,
                 "delayed": 0,
+                "blocked": 0,
                 "processing": 0,
                 "oldest_ready_age_seconds": 0.0,
                 "workers_alive": 0,
@@ -291,6 +296,7 @@ def test_queue_option_limits_queues_dead_letters_and_workers(rows):
     assert report["queues"]["nowhere"] == {
         "ready": 0,
         "delayed": 0,
+        "blocked": 0,
         "processing": 0,
         "oldest_ready_age_seconds": 0.0,
         "workers_alive": 0,

@@ -197,6 +197,35 @@ def bench_latency(message):
     record(message)  # handled_at is taken when the handler starts its write
 
 
+@handler("test.group")
+def test_group(message):
+    """Message groups: sleeps payload["delay"] seconds, then records."""
+    time.sleep(message.payload.get("delay", 0))
+    record(message)
+
+
+@handler("test.group_nonatomic", atomic=False)
+def test_group_nonatomic(message):
+    time.sleep(message.payload.get("delay", 0))
+    record(message)
+
+
+@handler("test.group_fail", backoff_base=0.05, backoff_cap=0.05, max_attempts=2)
+def test_group_fail(message):
+    """Fails (UNKNOWN: retried, then dead-lettered) while payload["fail"]."""
+    if message.payload.get("fail"):
+        raise RuntimeError("test.group_fail: told to fail")
+    record(message)
+
+
+@handler("test.group_hold", max_attempts=1, dead_letter_blocks_group=True)
+def test_group_hold(message):
+    """Like test.group_fail, but its dead letters keep the group blocked."""
+    if message.payload.get("fail"):
+        raise RuntimeError("test.group_hold: told to fail")
+    record(message)
+
+
 # --- for benchmarks/chaos.py ---------------------------------------------------
 # The payload says how each attempt goes: {"fail": {"<attempt>": "<kind>"}}
 # raises the exception of that kind on that attempt (attempts count rescues

@@ -23,7 +23,7 @@ from django_pgqueue import conf, stats
 from django_pgqueue.management.options import non_negative_int, positive_int
 from django_pgqueue.models import DeadLetterState
 
-STATES = (stats.READY, stats.DELAYED, stats.PROCESSING)
+STATES = (stats.READY, stats.DELAYED, stats.BLOCKED, stats.PROCESSING)
 
 # The columns of each section: (title, width, alignment); numbers and ages
 # are right-aligned under their titles.
@@ -31,6 +31,7 @@ QUEUE_COLUMNS = (
     ("QUEUE / TOPIC", 34, "<"),
     ("READY", 9, ">"),
     ("DELAYED", 9, ">"),
+    ("BLOCKED", 9, ">"),
     ("PROCESSING", 10, ">"),
     ("OLDEST READY", 12, ">"),
     ("WORKERS", 7, ">"),
@@ -166,7 +167,7 @@ class Command(BaseCommand):
             write(_row(QUEUE_COLUMNS, [name, *counts, age, queue["workers_alive"]]))
             for topic, topic_counts in queue["topics"].items():
                 counts = [topic_counts[state] for state in STATES]
-                write(_row(QUEUE_COLUMNS[:4], ["  " + topic, *counts]))
+                write(_row(QUEUE_COLUMNS[: 1 + len(STATES)], ["  " + topic, *counts]))
 
         write("")
         write("Dead letters")
