@@ -403,3 +403,51 @@ def test_the_migration_blocks_all_but_the_head_of_existing_groups():
         Status.BLOCKED,
         Status.WAITING,
     ]
+
+
+@pytest.mark.slow
+def test_a_worker_killed_on_a_groups_head_loses_nothing_and_the_group_keeps_its_order(
+    start_worker,
+):
+    # test.sleep writes its ledger row, then sleeps 60 s on its first attempt:
+    # the kill lands while the head's write is uncommitted.
+    head = enqueue("test.sleep", {"seconds": 60, "then": 0}, group_key="g")
+    rest = [enqueue("test.group", {"n": n}, group_key="g") for n in range(3)]
+    victim = start_worker("--lease", "2", "--concurrency", "2")
+    wait_until(
+        lambda: Message.objects.filter(pk=head.pk, status=Status.PROCESSING).exists(),
+        timeout=30,
+        message="the first worker to take the group's head",
+    )
+    assert statuses(rest) == [Status.BLOCKED] * 3
+    victim.signal(signal.SIGKILL)
+    victim.wait(timeout=10)
+    survivor = start_worker("--lease", "2", "--concurrency", "2", pgqueue={"POLL_INTERVAL": 0.5})
+    wait_until(
+        lambda: Handled.objects.count() >= 4, timeout=60, message="the group handled to its end"
+    )
+    survivor.signal(signal.SIGTERM)
+    assert survivor.wait(timeout=30) == 0, survivor.log()
+    ledger = list(Handled.objects.order_by("pk").values_list("message_id", "attempt"))
+    assert ledger == [(head.pk, 2), *((m.pk, 1) for m in rest)]
+    assert not Message.objects.exists()
+
+
+@pytest.mark.slow
+def test_a_release_left_behind_is_promoted_by_a_polling_worker(start_worker):
+    """A head's acknowledgement committed, its worker died before promoting:
+    the release row is there, nobody is notified. A worker's poll finds it."""
+    messages = [enqueue("test.group", {"n": n}, group_key="g") for n in range(2)]
+    lifecycle.promote_groups()
+    with connection.cursor() as cursor:  # the head finished; its release is committed
+        cursor.execute("DELETE FROM django_pgqueue_message WHERE id = %s", [messages[0].pk])
+    assert GroupRelease.objects.count() == 1
+    worker = start_worker("--concurrency", "1", pgqueue={"NOTIFY": False, "POLL_INTERVAL": 0.5})
+    wait_until(
+        lambda: Handled.objects.filter(message_id=messages[1].pk).exists(),
+        timeout=30,
+        message="the group's next message handled",
+    )
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0, worker.log()
+    assert not GroupRelease.objects.exists()
