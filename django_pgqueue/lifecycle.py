@@ -27,7 +27,7 @@ import uuid
 from dataclasses import dataclass
 
 from django.db import connections, transaction
-from django.db.models import DateTimeField, Exists, F, Q, QuerySet, Subquery, Value
+from django.db.models import CharField, DateTimeField, Exists, F, Q, QuerySet, Subquery, Value
 from django.db.models.base import ModelState
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce, Greatest, Now
@@ -426,6 +426,11 @@ _ASYNC_COMMIT_COLUMN = ", set_config('synchronous_commit', 'off', true) AS async
 ASYNC_COMMIT_SQL = "SET LOCAL synchronous_commit = off;"
 
 _CLAIM_FIELDS = list(Message._meta.concrete_fields)
+# The status the claim picks, written into the statement rather than bound:
+# a prepared claim's generic plan must be able to prove the partial
+# indexes' predicate (status = 'waiting'); with the status as a parameter it
+# could not, and PostgreSQL would plan the claim again on every call.
+_WAITING_LITERAL = RawSQL("'waiting'", (), output_field=CharField())
 _QUEUE_SENTINEL = "\x00queue"  # no queue name can contain NUL
 
 
@@ -464,7 +469,7 @@ def _claim_sql(using, limit, fixed_now, async_commit, few_ready):
     pick = (
         Message.objects.using(using)
         .select_for_update(skip_locked=True)
-        .filter(status=Status.WAITING, queue=_QUEUE_SENTINEL)
+        .filter(status=_WAITING_LITERAL, queue=_QUEUE_SENTINEL)
         .filter(run_at__lte=ready_until)
         # Oldest first when few are ready: the due index's order (see claim()).
         .order_by(*(("run_at",) if few_ready else ("-priority", "run_at", "id")))

@@ -3,6 +3,7 @@ state and time, one call, the rows read back, including rows on each side of
 every threshold and rows that must stay untouched."""
 
 import datetime
+import re
 import threading
 import uuid
 
@@ -200,6 +201,49 @@ def test_a_claim_expecting_few_reads_the_due_index_whatever_the_statistics_say(m
     sql, params = lifecycle.claim_statement("default", "default", 16, "w", few_ready=True)
     plan, buffers = _picking_buffers(sql, params)
     assert "pgqueue_msg_due_idx" in plan and "Seq Scan" not in plan, plan
+    assert buffers < 30, f"picking 1 row touched {buffers} buffers:\n{plan}"
+
+
+@pytest.mark.parametrize("few_ready", [False, True])
+def test_the_prepared_claims_generic_plan_reads_a_partial_index(make_message, few_ready):
+    """Once prepared, PostgreSQL may run the claim with a generic plan (no
+    planning per call). That plan must still read the head of a partial
+    index: the status is in the statement's text, never a parameter (the
+    plan could not use the indexes' predicate), so with 30,000 delayed rows
+    and one ready the claim stays a few buffers."""
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO django_pgqueue_message (topic, payload, run_at)"
+            " SELECT 'bulk', '{}', now() + interval '1 hour' FROM generate_series(1, 30000);"
+            " ANALYZE django_pgqueue_message"
+        )
+    make_message(run_at=NOW - SECOND)
+    sql, params = lifecycle.claim_statement("default", "default", 16, "w", few_ready=few_ready)
+    params[1] = uuid.uuid4()
+    placeholders = iter(range(1, len(params) + 1))
+    prepared = re.sub("%s", lambda _: f"${next(placeholders)}", sql)
+    assert "'waiting'" in prepared and 'status" = $' not in prepared
+    with transaction.atomic(), connections["default"].cursor() as cursor:
+        cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        cursor.execute(f"PREPARE pgqueue_claim_test AS {prepared}")
+        try:
+            cursor.execute(
+                "EXPLAIN (ANALYZE, BUFFERS) EXECUTE pgqueue_claim_test("
+                + ", ".join(["%s"] * len(params))
+                + ")",
+                params,
+            )
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+        finally:
+            cursor.execute("DEALLOCATE pgqueue_claim_test")
+        transaction.set_rollback(True)
+    assert "Seq Scan" not in plan, plan
+    assert "pgqueue_msg_claim_idx" in plan or "pgqueue_msg_due_idx" in plan, plan
+    assert "rows=1 " in plan.split("LockRows")[1], plan
+    lines = plan.splitlines()
+    lock_rows = next(i for i, line in enumerate(lines) if "LockRows" in line)
+    top = next(line for line in lines[lock_rows:] if line.strip().startswith("Buffers:"))
+    buffers = sum(int(part.split("=")[1]) for part in top.split() if "=" in part)
     assert buffers < 30, f"picking 1 row touched {buffers} buffers:\n{plan}"
 
 
