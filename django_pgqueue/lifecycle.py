@@ -446,16 +446,28 @@ def claim_statement(
     few_ready=False,
 ):
     """The claim's UPDATE for one queue and its parameters (also for EXPLAIN)."""
-    sql, pick_params = _claim_sql(using, limit, now is not None, async_commit, few_ready)
+    sql, pick_params = _claim_sql(using, now is not None, async_commit, few_ready)
     params = [now, None, lease_seconds, worker_id]
     params += [queue if p == _QUEUE_SENTINEL else p for p in pick_params]
-    return sql, params
+    return sql, [*params, limit]
 
 
-@functools.lru_cache(maxsize=256)
-def _claim_sql(using, limit, fixed_now, async_commit, few_ready):
-    """The claim statement for ``limit`` rows, and its subquery's parameters
-    (the queue name as _QUEUE_SENTINEL).
+# The LIMIT is bound, not written into the statement: the worker claims
+# whatever its free capacity is (1 to a batch), and one statement text for
+# every size is prepared once and can run with the generic plan (PostgreSQL
+# takes it when its estimate is no worse than the custom plans'), where a
+# text per size is planned again on each of its first ten calls (psycopg's
+# prepare threshold, then PostgreSQL's five custom plans) and most sizes
+# never get that far; planning is what grows with a large table. Django
+# compiles a slice into a literal; this number, no real limit, marks where
+# the placeholder goes.
+_LIMIT_SENTINEL = 987654321
+
+
+@functools.lru_cache(maxsize=16)
+def _claim_sql(using, fixed_now, async_commit, few_ready):
+    """The claim statement, and its subquery's parameters (the queue name as
+    _QUEUE_SENTINEL; the limit, bound last, is not among them).
 
     Readiness is ``run_at <= statement_timestamp()`` unless the caller fixes
     the time: the planner folds that stable function into a constant when
@@ -473,11 +485,17 @@ def _claim_sql(using, limit, fixed_now, async_commit, few_ready):
         .filter(run_at__lte=ready_until)
         # Oldest first when few are ready: the due index's order (see claim()).
         .order_by(*(("run_at",) if few_ready else ("-priority", "run_at", "id")))
-        .values("pk")[:limit]
+        .values("pk")[:_LIMIT_SENTINEL]
     )
     # select_for_update compiles only inside a transaction; nothing runs here.
     with transaction.atomic(using=using):
         pick_sql, pick_params = pick.query.get_compiler(using=using).as_sql()
+    marker = f"LIMIT {_LIMIT_SENTINEL}"
+    if pick_sql.count(marker) != 1:
+        raise RuntimeError(f"the claim's subquery has no {marker!r}: {pick_sql}")
+    # The LIMIT comes after every other parameter of the subquery (WHERE,
+    # ORDER BY), so its placeholder is the last one.
+    pick_sql = pick_sql.replace(marker, "LIMIT %s")
     quote = connection.ops.quote_name
     sql = CLAIM_SQL.format(
         async_commit=_ASYNC_COMMIT_COLUMN if async_commit else "",
