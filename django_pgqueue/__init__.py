@@ -19,6 +19,10 @@ _API = {
     "revive": "django_pgqueue.deadletters",
     "resolve": "django_pgqueue.deadletters",
     "categorize": "django_pgqueue.deadletters",
+    # streams (the transactional outbox)
+    "publish": "django_pgqueue.streams",
+    "subscriber": "django_pgqueue.subscribers",
+    "SubscriptionError": "django_pgqueue.exceptions",
 }
 
 __all__ = sorted(_API)

@@ -654,3 +654,8 @@ class WorkerHeartbeatAdmin(NulFreeLookupsMixin, admin.ModelAdmin):
     @admin.display(description="queues")
     def queues_text(self, obj):
         return ", ".join(obj.queues)
+
+
+# --- streams: subscriptions and stream events (streams_admin.py) -----------------------
+
+from . import streams_admin  # noqa: E402, F401

@@ -19,6 +19,9 @@ class PgQueueConfig(AppConfig):
         # Dead-letter alerts (they do nothing while ALERT_WEBHOOK_URL is None).
         dead_lettered.connect(alerts.on_dead_lettered, dispatch_uid="django_pgqueue.alerts")
         registry.autodiscover()  # every installed app's handlers module, ours too
+        from . import subscribers
+
+        subscribers.autodiscover()  # streams: every installed app's subscribers module
         if django.VERSION >= (6, 0):
             # The django.tasks backend: its handler runs tasks in the worker.
             from . import tasks  # noqa: F401

@@ -380,6 +380,22 @@ _VALIDATORS = {
 }
 
 
+# --- streams (the transactional outbox) -------------------------------------------------
+# Seconds a stream event is kept once every subscription of its stream has
+# passed it (a stream without subscriptions: once it is this old); then the
+# maintenance round deletes it. None keeps every event.
+DEFAULTS["STREAM_RETENTION"] = 7 * 24 * 3600.0
+
+
+def _retention(value):
+    if value is None or _positive_number(value) is None:
+        return None
+    return "must be a number of seconds greater than 0, or None (keep every event)"
+
+
+_VALIDATORS["STREAM_RETENTION"] = _retention
+
+
 def validate():
     """Problems with the ``PGQUEUE`` setting, as (id, message, hint) tuples."""
     user = getattr(settings, "PGQUEUE", None)

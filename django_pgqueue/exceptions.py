@@ -53,3 +53,14 @@ class Permanent(PgQueueError):
 
 class HandlerTimeout(PgQueueError):
     """The handler ran past its timeout; its late result is discarded."""
+
+
+# --- streams (the transactional outbox) ---------------------------------------------
+
+
+class DuplicateSubscriber(PgQueueError):
+    """Two subscribers are registered under one subscription name."""
+
+
+class SubscriptionError(PgQueueError, ValueError):
+    """The subscription operation cannot run as asked; nothing was changed."""

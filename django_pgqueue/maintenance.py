@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from django.db.models.functions import Now
 
-from . import lifecycle
+from . import lifecycle, streams
 from .models import WorkerHeartbeat
 
 logger = logging.getLogger(__name__)
@@ -24,6 +24,7 @@ class MaintenanceResult:
     rescued: int
     rescued_dead_lettered: int
     workers_pruned: int = 0
+    events_pruned: int = 0  # streams: events past their retention
 
 
 # A dead worker's row stays this long after its last heartbeat, so status and
@@ -49,6 +50,8 @@ def run_once(now=None, rescue_limit=1000):
             .filter(expires_at__lt=(now or Now()) - DEAD_WORKER_RETENTION)
             .delete()
         )
+        # Streams: the events every subscription has passed, past their retention.
+        events_pruned = streams.prune_events(now=now)
         # Logged before the commit releases the lock: the rounds' times, in
         # the logs of every worker, never overlap (one worker at a time).
         logger.debug(
@@ -58,7 +61,10 @@ def run_once(now=None, rescue_limit=1000):
             time.time(),
         )
     result = MaintenanceResult(
-        rescued=rescue.requeued, rescued_dead_lettered=rescue.dead_lettered, workers_pruned=pruned
+        rescued=rescue.requeued,
+        rescued_dead_lettered=rescue.dead_lettered,
+        workers_pruned=pruned,
+        events_pruned=events_pruned,
     )
     if rescue.requeued or rescue.dead_lettered:
         logger.info(

@@ -82,6 +82,7 @@ class DatabaseCollector:
             oldest = stats.oldest_ready_age()
             dead = stats.dead_letters_by_topic_category_state()
             live = stats.live_workers_by_queue()
+            subscriptions = stats.subscriptions_with_lag()  # streams
         except DatabaseError as exc:
             logger.warning("Metrics: the queue database cannot be read: %s", exc)
             up.add_metric([], 0)
@@ -127,6 +128,47 @@ class DatabaseCollector:
         for queue in sorted(set(configured) | set(live)):
             family.add_metric([queue], live.get(queue, 0))
         yield family
+        yield from _subscription_families(subscriptions)
+
+
+# --- streams (the transactional outbox) -------------------------------------------------
+
+
+def _subscription_families(subscriptions):
+    """Each subscription's lag (events and seconds behind the head of its
+    stream) and state."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    from .stream_models import SubscriptionState
+
+    labels = ["subscription", "stream"]
+    events = GaugeMetricFamily(
+        "pgqueue_subscription_lag_events",
+        "Events of the stream after the subscription's checkpoint (counted up to 1,000,000).",
+        labels=labels,
+    )
+    seconds = GaugeMetricFamily(
+        "pgqueue_subscription_lag_seconds",
+        "Seconds since the oldest event the subscription has not passed was published "
+        "(0 when it is caught up).",
+        labels=labels,
+    )
+    states = GaugeMetricFamily(
+        "pgqueue_subscription_state",
+        "1 for the subscription's state (active, retrying, blocked, paused), else 0.",
+        labels=[*labels, "state"],
+    )
+    for row in subscriptions:
+        events.add_metric([row.name, row.stream], row.lag)
+        behind = 0.0
+        if row.oldest_pending_at is not None:
+            behind = max((row.now - row.oldest_pending_at).total_seconds(), 0.0)
+        seconds.add_metric([row.name, row.stream], behind)
+        for state in SubscriptionState.values:
+            states.add_metric([row.name, row.stream, state], int(row.state == state))
+    yield events
+    yield seconds
+    yield states
 
 
 def render_database_metrics():

@@ -358,3 +358,12 @@ class TaskRecord(models.Model):
 
     def __str__(self):
         return f"{self.task_path} {self.pk}"
+
+
+# --- streams (the transactional outbox): their models live in stream_models.py ---------
+
+from .stream_models import (  # noqa: E402, F401
+    StreamEvent,
+    Subscription,
+    SubscriptionState,
+)

@@ -47,3 +47,18 @@ message_retried = Signal()
 # attempts, worker, queue...), ``message_id``. django-pgqueue's webhook alerts
 # (``alerts.py``) are one receiver.
 dead_lettered = Signal()
+
+
+# --- streams (the transactional outbox) -------------------------------------------------
+
+# Sent once per event after the publishing transaction commits, with
+# ``sender=StreamEvent``. Arguments: ``event`` (the StreamEvent instance),
+# ``using`` (the queue's alias). Costs nothing while no receiver is connected.
+event_published = Signal()
+
+# A subscription stopped at an event that failed every attempt (its
+# on_failure is "block"), with ``sender=Subscription``. Arguments:
+# ``subscription`` (its name), ``stream``, ``position`` (the event's),
+# ``error`` (the last error's first line). A stream event that goes to the
+# dead letters sends ``dead_lettered`` instead, like a message.
+subscription_blocked = Signal()

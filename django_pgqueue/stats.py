@@ -125,3 +125,18 @@ def live_workers_by_queue():
             for queue in row.queues:
                 counts[queue] = counts.get(queue, 0) + 1
     return counts
+
+
+# --- streams (the transactional outbox) -------------------------------------------------
+
+
+def subscriptions_with_lag():
+    """Every subscription, by name, with ``head_position``, ``lag`` (events
+    after its checkpoint, at most stream_models.LAG_COUNT_CAP) and
+    ``oldest_pending_at`` (when the first of them was published, or None),
+    plus ``now`` (the database's clock)."""
+    from .models import Subscription
+
+    return list(
+        Subscription.objects.using(_alias()).with_lag().annotate(now=Now()).order_by("name")
+    )

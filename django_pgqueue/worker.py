@@ -188,6 +188,7 @@ class Worker:
         lease_seconds=None,
         worker_id=None,
         metrics=None,
+        subscriptions=None,
     ):
         self.queues = list(queues or conf.queues())
         self.concurrency = concurrency
@@ -217,6 +218,13 @@ class Worker:
         self.hostname = socket.gethostname()
         self.worker_id = worker_id or f"{self.hostname}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.metrics = metrics or NullMetrics()
+        # Streams: the subscriptions it delivers to ("all", "none"/None, or
+        # names; an unknown name is a ValueError), in threads of their own
+        # (stream_worker.py).
+        from .subscribers import select
+
+        self.subscriptions = select(subscriptions)
+        self._streams = None
         self.claimed = 0
         self.processed = 0  # acknowledged, retried or dead-lettered by this worker
 
@@ -266,6 +274,9 @@ class Worker:
         self._start_thread(self._heartbeat_loop, "pgqueue-heartbeat")
         if self.listen:
             self._start_thread(self._listen_loop, "pgqueue-listener")
+        from .stream_worker import start_for  # streams: None when it serves none
+
+        self._streams = start_for(self)
         try:
             self._loop()
         finally:
@@ -1145,6 +1156,8 @@ class Worker:
                 break
             self._wake.wait(min(0.1, max(0.0, deadline - time.monotonic())))
             self._wake.clear()
+        if self._streams is not None:  # streams: let the batch in hand finish
+            self._streams.stop(max(0.0, deadline - time.monotonic()))
         with self._lock:
             leftover = list(self._inflight.values()) + list(self._unacked.values())
             for job in leftover:

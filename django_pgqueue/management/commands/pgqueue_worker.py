@@ -58,6 +58,19 @@ def port(text):
     return value
 
 
+def subscription_list(text):
+    """--subscriptions: "all", "none" or comma-separated registered names."""
+    from django_pgqueue.subscribers import select
+
+    text = text.strip()
+    value = text if text in ("all", "none") else [n.strip() for n in text.split(",") if n.strip()]
+    try:
+        select(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
 def log_level(text):
     if text.upper() not in LOG_LEVELS:
         raise argparse.ArgumentTypeError(f"must be one of {', '.join(LOG_LEVELS)}")
@@ -141,6 +154,13 @@ class Command(BaseCommand):
             help="address the metrics and health ports listen on (default: 0.0.0.0)",
         )
         parser.add_argument(
+            "--subscriptions",
+            type=subscription_list,
+            default="all",
+            help="stream subscriptions to deliver to: 'all' (default), 'none', or "
+            "comma-separated subscription names",
+        )
+        parser.add_argument(
             "--log-level",
             type=log_level,
             default="INFO",
@@ -167,6 +187,7 @@ class Command(BaseCommand):
             poll_interval=options["poll_interval"],
             lease_seconds=options["lease"],
             metrics=metrics,
+            subscriptions=options["subscriptions"],
         )
         servers = []
         try:

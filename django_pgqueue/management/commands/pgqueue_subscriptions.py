@@ -1,0 +1,77 @@
+"""manage.py pgqueue_subscriptions: look at and steer stream subscriptions
+from the shell (the same operations as django_pgqueue.subscriptions).
+
+    pgqueue_subscriptions list
+    pgqueue_subscriptions pause NAME [NAME ...]
+    pgqueue_subscriptions resume NAME [NAME ...]
+    pgqueue_subscriptions reset NAME [NAME ...] --to POSITION|beginning|end
+"""
+
+import argparse
+
+from django.core.management.base import BaseCommand, CommandError
+
+from django_pgqueue import stats, subscriptions
+from django_pgqueue.exceptions import SubscriptionError
+from django_pgqueue.stream_models import LAG_COUNT_CAP
+
+
+def target(text):
+    """--to: a position (0 is the beginning), "beginning" or "end"."""
+    if text in ("beginning", "end"):
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a position (a whole number) nor 'beginning' or 'end'"
+        ) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a position is 0 or more, not {value}")
+    return value
+
+
+class Command(BaseCommand):
+    help = "List, pause, resume and reset the checkpoint of stream subscriptions."
+
+    def add_arguments(self, parser):
+        actions = parser.add_subparsers(dest="action", required=True)
+        actions.add_parser("list", help="every subscription: state, checkpoint, lag")
+        for name, text in [
+            ("pause", "workers leave them alone"),
+            ("resume", "deliver again at once, with fresh attempts"),
+            ("reset", "move the checkpoint (events after --to are delivered)"),
+        ]:
+            action = actions.add_parser(name, help=text)
+            action.add_argument("names", nargs="+", metavar="NAME")
+        actions.choices["reset"].add_argument(
+            "--to",
+            type=target,
+            required=True,
+            help="a stored event's position (0: the beginning), 'beginning' or 'end'",
+        )
+
+    def handle(self, *args, action, **options):
+        if action == "list":
+            return self._list()
+        names = options["names"]
+        try:
+            if action == "reset":
+                changed = subscriptions.reset(names, options["to"])
+            else:
+                changed = getattr(subscriptions, action)(names)
+        except SubscriptionError as exc:
+            raise CommandError(str(exc)) from None
+        self.stdout.write(f"{action}: {changed} of {len(names)} subscription(s) changed")
+        return None
+
+    def _list(self):
+        header = f"{'NAME':<32} {'STREAM':<24} {'STATE':<9} {'CHECKPOINT':>12} {'LAG':>9}  ERROR"
+        self.stdout.write(header)
+        for row in stats.subscriptions_with_lag():
+            lag = f"{row.lag}+" if row.lag >= LAG_COUNT_CAP else str(row.lag)
+            error = (row.last_error or "").strip().splitlines()
+            self.stdout.write(
+                f"{row.name:<32} {row.stream:<24} {row.state:<9} {row.checkpoint_position:>12} "
+                f"{lag:>9}  {error[0][:60] if error else ''}".rstrip()
+            )

@@ -1,0 +1,321 @@
+"""Delivery of stream events to subscribers.
+
+One delivery (``deliver``) is one transaction on the queue's database: take
+the subscription's lock (``subscriptions.try_lock``: one worker at a time),
+read the subscription and its next events (after the checkpoint in ``(xid,
+position)`` order, and only below ``pg_snapshot_xmin(pg_current_snapshot())``,
+so an event of a transaction that commits late is never passed over), run
+the subscriber on each event in a savepoint of its own, then move the
+checkpoint past those that succeeded. The subscriber's database writes and
+the checkpoint commit together or not at all: exactly once for database
+work, at least once for anything else. A worker killed mid-batch leaves the
+checkpoint where it was; the next delivery starts again from there, in the
+same order. A failing event's savepoint is rolled back and the failure
+recorded (retry later, block, or dead-letter) in the same transaction.
+"""
+
+import datetime
+import inspect
+import json
+import logging
+import time
+import traceback
+from dataclasses import dataclass
+
+import psycopg
+from asgiref.sync import async_to_sync
+from django.db import connections, transaction
+from django.utils import timezone
+
+from . import conf, policy, signals, subscriptions
+from .exceptions import Permanent, Retry
+from .models import StreamEvent
+from .stream_models import DELIVERING, Subscription, SubscriptionState
+from .subscribers import DEAD_LETTER
+
+logger = logging.getLogger(__name__)
+
+# The row and, when it is due, its next events, in one round trip. Sent
+# after the lock is taken: its snapshot then sees the checkpoint that the
+# previous holder committed. Read through the stream index, after the
+# checkpoint and below the snapshot's xmin.
+NEXT_SQL = """
+SELECT s.state, s.checkpoint_xid::text, s.checkpoint_position, s.attempts,
+    s.failing_position, s.retry_at, s.name, s.stream, e.position, e.xid::text, e.key,
+    e.payload::text, e.headers::text, e.created_at
+FROM {subs} s LEFT JOIN LATERAL (
+    SELECT position, xid, key, payload, headers, created_at FROM {events}
+    WHERE stream = s.stream AND (xid, position) > (s.checkpoint_xid, s.checkpoint_position)
+        AND xid < pg_snapshot_xmin(pg_current_snapshot())
+        AND s.state IN ('active', 'retrying')
+        AND (s.retry_at IS NULL OR s.retry_at <= COALESCE(%(now)s::timestamptz, now()))
+    ORDER BY xid, position LIMIT %(limit)s
+) AS e ON true
+WHERE s.id = %(id)s
+ORDER BY e.xid, e.position
+"""
+
+# An idle worker's poll of all its subscriptions in one statement: which
+# have deliverable events (ready), which have committed events after the
+# checkpoint at all (pending: ready, or held back by the snapshot's xmin
+# while an older transaction is open), and when a retrying one is due. Each
+# EXISTS reads the first index entry after the checkpoint. (A test of
+# "xid >= xmin" would not: btree cannot combine it with the row comparison
+# into one start key, and would walk the whole backlog.)
+PROBE_SQL = """
+SELECT s.id, s.state, s.retry_at, now(),
+    EXISTS (SELECT 1 FROM {events} e WHERE e.stream = s.stream
+        AND (e.xid, e.position) > (s.checkpoint_xid, s.checkpoint_position)
+        AND e.xid < pg_snapshot_xmin(pg_current_snapshot())),
+    EXISTS (SELECT 1 FROM {events} e WHERE e.stream = s.stream
+        AND (e.xid, e.position) > (s.checkpoint_xid, s.checkpoint_position))
+FROM {subs} s WHERE s.id = ANY(%s)
+"""
+
+# A batch takes no more events once it has run this long (seconds): once a
+# subscriber has written, the batch's transaction holds back every
+# snapshot's xmin, that is every subscription's view of new events.
+BATCH_SECONDS = 1.0
+
+# Outcomes of deliver().
+DELIVERED, IDLE, BUSY, NOT_DUE, STOPPED, GONE = (
+    "delivered", "idle", "busy", "not due", "stopped", "gone",
+)  # fmt: skip
+RETRYING, BLOCKED, DEAD_LETTERED, MOVED = "retrying", "blocked", "dead-lettered", "moved"
+
+
+@dataclass(frozen=True)
+class Event:
+    """What a subscriber is called with."""
+
+    subscription: str
+    stream: str
+    position: int
+    xid: int
+    key: str | None
+    payload: object
+    headers: dict
+    created_at: datetime.datetime
+    attempts: int  # this attempt's number, from 1
+
+    @property
+    def topic(self):
+        """The stream, for the "topic" condition of PGQUEUE["CLASSIFY_RULES"]."""
+        return self.stream
+
+
+@dataclass(frozen=True)
+class Delivery:
+    outcome: str
+    delivered: int = 0  # events whose handling committed
+    more: bool = False  # a full batch: more may be waiting
+    retry_at: datetime.datetime | None = None
+
+
+@dataclass(frozen=True)
+class Probe:
+    id: int
+    state: str
+    retry_at: datetime.datetime | None
+    now: datetime.datetime
+    ready: bool  # deliverable events after the checkpoint
+    pending: bool  # committed events after the checkpoint, deliverable or not
+
+    @property
+    def held(self):
+        """Committed events wait for an older transaction to end."""
+        return self.pending and not self.ready
+
+    @property
+    def due(self):
+        if not self.ready or self.state not in DELIVERING:
+            return False
+        return self.retry_at is None or self.retry_at <= self.now
+
+
+class BrokenTransaction(Exception):
+    """The subscriber swallowed a database error: its transaction cannot commit."""
+
+
+def _sql(template):
+    ops = connections[subscriptions.alias()].ops
+    return template.format(
+        subs=ops.quote_name(Subscription._meta.db_table),
+        events=ops.quote_name(StreamEvent._meta.db_table),
+    )
+
+
+def probe(ids):
+    """One Probe per existing subscription among ``ids``."""
+    with connections[subscriptions.alias()].cursor() as cursor:
+        cursor.execute(_sql(PROBE_SQL), [list(ids)])
+        return [Probe(*row) for row in cursor.fetchall()]
+
+
+def deliver(spec, subscription_id=None, worker="", now=None):
+    """Deliver the next batch of events to ``spec``'s subscription, in one
+    transaction; returns a Delivery.
+
+    ``subscription_id``: its row's id (``subscriptions.ensure`` returns it);
+    without it the row is looked up, and created if missing. ``now`` stands
+    in for the database's clock.
+    """
+    using = subscriptions.alias()
+    if connections[using].in_atomic_block:
+        # Inside a caller's transaction the delivery would be a savepoint,
+        # and the caller's own transaction id would hold the events back.
+        raise RuntimeError("deliver() cannot be called inside a transaction")
+    if subscription_id is None:
+        subscription_id = subscriptions.ensure([spec]).get(spec.name)
+        if subscription_id is None:
+            return Delivery(GONE)
+    batch = None
+    try:
+        with transaction.atomic(using=using):
+            if not subscriptions.try_lock(subscription_id):
+                return Delivery(BUSY)
+            with connections[using].cursor() as cursor:
+                cursor.execute(
+                    _sql(NEXT_SQL), {"now": now, "limit": spec.batch_size, "id": subscription_id}
+                )
+                rows = cursor.fetchall()
+            if not rows:
+                return Delivery(GONE)
+            state, xid, position, attempts, failing, retry_at, name, stream = rows[0][:8]
+            if state not in DELIVERING:
+                return Delivery(STOPPED)
+            events = [row[8:] for row in rows if row[8] is not None]
+            if not events:
+                if state == SubscriptionState.RETRYING and retry_at is not None:
+                    return Delivery(NOT_DUE, retry_at=retry_at)
+                return Delivery(IDLE)
+            batch = subscriptions.Batch(
+                subscription_id, name, stream, int(xid), position, state, now=now, worker=worker
+            )
+            outcome = _run(spec, batch, events, attempts, failing)
+    except subscriptions.Moved:
+        logger.warning(
+            "Subscription %s: its checkpoint or state changed during the delivery; "
+            "the batch was rolled back and will be delivered again",
+            spec.name,
+            extra={"subscription": spec.name, "state": "moved"},
+        )
+        return Delivery(MOVED)
+    for signal, kwargs in batch.signals:
+        signals.send(signal, **kwargs)
+    return outcome
+
+
+def _run(spec, batch, events, attempts, failing):
+    connection = connections[subscriptions.alias()]
+    deadline, more = time.monotonic() + BATCH_SECONDS, len(events) >= spec.batch_size
+    for row in events:
+        if batch.done and time.monotonic() > deadline:
+            more = True  # the rest in the next batch
+            break
+        event, problem = _event(spec, row, attempts + 1 if row[0] == failing else 1)
+        try:
+            with transaction.atomic(using=subscriptions.alias()):  # this event's savepoint
+                if problem:
+                    raise Permanent(problem)
+                _call(spec, event)
+                if connection.needs_rollback or _transaction_failed(connection):
+                    raise BrokenTransaction(
+                        "the subscriber caught a database error and returned: its transaction "
+                        "cannot commit (wrap queries that may fail in transaction.atomic())"
+                    )
+        except Exception as exc:  # noqa: BLE001  any failure is recorded
+            return _failed(spec, batch, event, exc)
+        batch.passed(event.xid, event.position)
+    subscriptions.advance(batch)
+    logger.info(
+        "Subscription %s: %s event(s) of stream %s delivered, up to position %s",
+        *(spec.name, batch.done, spec.stream, batch.checkpoint[1]),
+        extra={"subscription": spec.name, "stream": spec.stream, "state": "delivered"},
+    )
+    return Delivery(DELIVERED, delivered=batch.done, more=more)
+
+
+def _failed(spec, batch, event, exc):
+    """``event`` failed (its savepoint is rolled back): retry it later, block
+    the subscription, or move the event to the dead letters; the checkpoint
+    moves past the events before it."""
+    category = policy.classify(exc, event)
+    retry_after = exc.after if isinstance(exc, Retry) else None
+    max_attempts = spec.max_attempts or conf.get("MAX_ATTEMPTS")
+    decision = policy.decide(category, event.attempts, max_attempts, spec, retry_after)
+    reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    where = (spec.name, event.position, spec.stream, event.attempts, category, reason)
+    extra = {"subscription": spec.name, "position": event.position, "category": category}
+    if decision.action == policy.RETRY:
+        retry_at = (batch.now or timezone.now()) + datetime.timedelta(seconds=decision.delay)
+        subscriptions.retry_later(batch, event.position, event.attempts, reason, retry_at)
+        logger.warning(
+            "Subscription %s: event position=%s of stream %s failed (attempt %s, %s): %s; "
+            "retrying in %.1fs",
+            *where,
+            decision.delay,
+            extra={**extra, "state": "retrying"},
+        )
+        return Delivery(RETRYING, delivered=batch.done, retry_at=retry_at)
+    if spec.on_failure == DEAD_LETTER:
+        trace = "".join(traceback.format_exception(exc))
+        done = batch.done
+        subscriptions.dead_letter_event(
+            batch, event.position, event.attempts, category, reason, trace
+        )
+        return Delivery(DEAD_LETTERED, delivered=done)
+    subscriptions.block(batch, event.position, event.attempts, reason)
+    logger.error(
+        "Subscription %s: blocked at event position=%s of stream %s after %s attempt(s) "
+        "(%s): %s; resume it, reset its checkpoint or dead-letter the event (admin)",
+        *where,
+        extra={**extra, "state": "blocked"},
+    )
+    return Delivery(BLOCKED, delivered=batch.done)
+
+
+def _event(spec, row, attempts):
+    """The Event of a NEXT_SQL row, and why it cannot be read (or None)."""
+    position, xid, key, payload_text, headers_text, created_at = row
+    problem, payload, headers = None, None, {}
+    try:
+        payload, headers = json.loads(payload_text), json.loads(headers_text)
+    except RecursionError:
+        problem = "the event's JSON is nested too deeply for Python's JSON decoder"
+    except ValueError as exc:
+        problem = f"the event's JSON cannot be read: {exc}"
+    event = Event(
+        subscription=spec.name,
+        stream=spec.stream,
+        position=position,
+        xid=int(xid),
+        key=key,
+        payload=payload,
+        headers=headers if isinstance(headers, dict) else {},
+        created_at=created_at,
+        attempts=attempts,
+    )
+    return event, problem
+
+
+def _call(spec, event):
+    if spec.is_async:
+        # async_to_sync runs the coroutine while this thread serves its
+        # sync_to_async calls: ORM work lands in this thread's connection,
+        # inside the delivery's transaction.
+        return async_to_sync(spec.func)(event)
+    result = spec.func(event)
+    if inspect.iscoroutine(result) or inspect.isgenerator(result):
+        result.close()  # its body never ran: a success would lose the event
+        raise TypeError(
+            f"the subscriber returned a {type(result).__name__} instead of running: "
+            "declare it with async def, or make it a plain function"
+        )
+    return result
+
+
+def _transaction_failed(connection):
+    """Whether the server reported the transaction as aborted (no round trip)."""
+    raw = connection.connection
+    return raw is not None and raw.info.transaction_status == psycopg.pq.TransactionStatus.INERROR

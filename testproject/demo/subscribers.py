@@ -1,0 +1,64 @@
+"""Subscribers of the demo project, found by the same autodiscovery as the
+handlers. The test.* subscriptions are driven by the test suite's worker
+processes; each writes a ledger row (demo.Handled: message_id is the
+event's position, topic the subscription's name) in the delivery's
+transaction, so the ledger shows exactly-once delivery and its order."""
+
+import os
+import time
+
+from django_pgqueue import subscriber
+
+from .handlers import FAILURES
+from .models import Handled
+
+
+def record(event):
+    Handled.objects.create(
+        message_id=event.position, topic=event.subscription, attempt=event.attempts, pid=os.getpid()
+    )
+
+
+def act(event):
+    """Writes the ledger row, then does what the payload asks: "sleep"
+    seconds, the first time only (the first process to create the file
+    "once" sleeps; a delivery that is redone after a crash does not), or
+    "raise" (the name of one of handlers.FAILURES) on the first "times"
+    attempts (all if absent)."""
+    record(event)
+    payload = event.payload if isinstance(event.payload, dict) else {}
+    if payload.get("sleep"):
+        try:
+            with open(payload["once"], "x"):
+                pass
+        except FileExistsError:
+            pass
+        else:
+            time.sleep(payload["sleep"])
+    times = payload.get("times")
+    if "raise" in payload and (times is None or event.attempts <= times):
+        raise FAILURES[payload["raise"]]()
+
+
+@subscriber("test.events", name="test.ledger", backoff_base=0.05, backoff_cap=0.1)
+def test_ledger(event):
+    act(event)
+
+
+@subscriber(
+    "test.failing", name="test.blocking", max_attempts=2, backoff_base=0.05, backoff_cap=0.05
+)
+def test_blocking(event):
+    act(event)
+
+
+@subscriber(
+    "test.failing",
+    name="test.dead_lettering",
+    on_failure="dead_letter",
+    max_attempts=2,
+    backoff_base=0.05,
+    backoff_cap=0.05,
+)
+def test_dead_lettering(event):
+    act(event)
