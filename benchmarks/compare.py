@@ -52,8 +52,10 @@ DEFAULT_SERVER = "postgres://postgres@127.0.0.1:5432"
 APP_NAME = "bench_compare"  # this script's own connections, left out of every count
 
 # --prefetch 200: a claim goes out while the previous batch still has work
-# queued (README, Performance: tuning for short handlers).
-DEFAULT_PGQUEUE_WORKER_ARGS = "--concurrency 4 --batch-size 100 --prefetch 200"
+# queued (README, Performance: tuning for short handlers). --subscriptions
+# none: the testproject registers stream subscribers for the test suite; a
+# project without any runs no stream thread, and the peers have no streams.
+DEFAULT_PGQUEUE_WORKER_ARGS = "--concurrency 4 --batch-size 100 --prefetch 200 --subscriptions none"
 
 # Targets of the issue for django-pgqueue, checked as ratios in the same run.
 TARGET_NONATOMIC_VS_RAW = 0.5  # atomic=False, 1 process, vs raw batch-100, 1 process

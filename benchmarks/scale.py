@@ -40,7 +40,9 @@ PKEY_INDEX = f"{MESSAGE_TABLE}_pkey"
 QUEUE = "default"  # the queue the bench messages go to and the worker drains
 CLAIM_WORKER_ID = "bench-scale"
 CLAIM_LEASE_SECONDS = 60
-DEFAULT_WORKER_ARGS = "--concurrency 4 --batch-size 100"
+# --subscriptions none: the testproject's stream subscribers are the test
+# suite's; a project without any runs no stream thread.
+DEFAULT_WORKER_ARGS = "--concurrency 4 --batch-size 100 --subscriptions none"
 TOPICS = (("nonatomic", tp.TOPIC_NONATOMIC, False), ("atomic", tp.TOPIC_ATOMIC, True))
 # The baseline is measured again after the loaded state (the load removed):
 # on a shared machine, the difference between the two is the noise floor.

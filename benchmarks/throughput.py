@@ -202,8 +202,10 @@ def busy_percent(before, after):
 # --- worker processes -----------------------------------------------------------------
 
 
-# --worker-args: options added to every worker's command line.
-EXTRA_WORKER_ARGS = []
+# --worker-args: options added to every worker's command line; always
+# --subscriptions none (the testproject's stream subscribers are the test
+# suite's; a project without any runs no stream thread).
+EXTRA_WORKER_ARGS = ["--subscriptions", "none"]
 
 
 class WorkerProcess:
