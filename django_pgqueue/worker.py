@@ -567,7 +567,11 @@ class Worker:
                 del self._inflight[message.id]
             if outcome == ACK_PENDING and not job.abandoned:
                 self._unacked[message.id] = job
-                if self._ack_due is None:
+                if message.group_key is not None:
+                    # Its group's next message waits for this acknowledgement:
+                    # flush now (with the claim that promotes the next one).
+                    self._ack_due = time.monotonic()
+                elif self._ack_due is None:
                     self._ack_due = time.monotonic() + ACK_DELAY
                 if len(self._unacked) >= self.batch_size and not self._acking:
                     # A batch's worth: this thread acknowledges them on its own
@@ -580,7 +584,11 @@ class Worker:
                 # Its group may go on (acknowledged or dead-lettered): the
                 # next claim promotes the group's next message.
                 self._groups_released = True
-            wake = self._loop_has_work_locked() or self._groups_released
+            wake = (
+                self._loop_has_work_locked()
+                or self._groups_released
+                or (outcome == ACK_PENDING and message.group_key is not None)
+            )
         if outcome == DONE:
             self._log_done(message, job.duration)
         if wake:

@@ -157,3 +157,67 @@ def test_triage_a_dead_letter_in_the_browser(live_server, django_user_model, mak
     assert DeadLetter.objects.filter(state=DeadLetterState.NEW).count() == 4
     for name in ("deadletters.png", "summary.png"):
         assert (RESULTS / name).stat().st_size > 10_000, f"{name} looks empty"
+
+
+def test_reset_a_blocked_subscription_in_the_browser(live_server, django_user_model):
+    """Subscriptions in the browser: the list shows the blocked one with its
+    lag; "Reset the checkpoint…" asks for a position on its confirmation
+    page, refuses one that names no stored event with the reason, then
+    resets; the list shows it active and caught up."""
+    from django_pgqueue import publish
+    from django_pgqueue.models import Subscription, SubscriptionState
+
+    django_user_model.objects.create_superuser("admin", "admin@example.com", "s3cret-pass")
+    events = [publish("test.events", {"n": n}, key=f"k{n}") for n in range(4)]
+    blocked = Subscription.objects.create(
+        name="search.orders",
+        stream="test.events",
+        checkpoint_xid=events[0].xid,
+        checkpoint_position=events[0].position,
+        state=SubscriptionState.BLOCKED,
+        attempts=3,
+        failing_position=events[1].position,
+        last_error="KeyError: 'status'",
+    )
+    RESULTS.mkdir(exist_ok=True)
+    base = live_server.url
+    missing = events[-1].position + 1000
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 900})
+            page.set_default_timeout(TIMEOUT_MS)
+            page.goto(f"{base}/admin/login/?next=/admin/django_pgqueue/subscription/")
+            page.fill("#id_username", "admin")
+            page.fill("#id_password", "s3cret-pass")
+            page.click("input[type=submit]")
+            page.wait_for_url("**/admin/django_pgqueue/subscription/")
+            row = page.locator("#result_list tbody tr", has_text="search.orders")
+            assert "blocked" in row.inner_text().lower(), row.inner_text()
+            assert "KeyError" in row.inner_text()
+            page.screenshot(path=str(RESULTS / "subscriptions.png"), full_page=True)
+
+            page.check(f"input.action-select[value='{blocked.pk}']")
+            page.select_option("select[name=action]", "reset_checkpoint")
+            page.click("button[name=index]")
+            page.wait_for_selector("input[name=position]")
+            # The blocked event's position is offered: resetting to it skips it.
+            assert page.input_value("input[name=position]") == str(events[1].position)
+            page.fill("input[name=position]", str(missing))
+            page.click("input[type=submit][value='Reset the checkpoint']")
+            page.wait_for_selector(".errorlist")
+            assert "no event at position" in page.locator(".errorlist").inner_text()
+
+            page.fill("input[name=position]", str(events[-1].position))
+            page.click("input[type=submit][value='Reset the checkpoint']")
+            page.wait_for_selector("ul.messagelist")
+            row = page.locator("#result_list tbody tr", has_text="search.orders")
+            assert "active" in row.inner_text().lower(), row.inner_text()
+        finally:
+            browser.close()
+    blocked.refresh_from_db()
+    assert (blocked.state, blocked.checkpoint_position) == (
+        SubscriptionState.ACTIVE,
+        events[-1].position,
+    )

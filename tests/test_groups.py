@@ -362,6 +362,12 @@ def test_four_workers_keep_the_order_of_200_groups_of_50_and_run_groups_in_paral
         running += step
         busiest = max(busiest, running)
     assert busiest >= 8, f"at most {busiest} group(s) handled at once"
+    ends = [at.timestamp() for _, _, at in rows]
+    print(
+        f"\n{len(rows):,} grouped messages handled over {max(ends) - min(ends):.1f} s by 4"
+        f" workers, their sleeps adding up to {sum(delay_of.values()):.1f} s;"
+        f" at most {busiest} at once"
+    )
 
 
 @pytest.mark.django_db
