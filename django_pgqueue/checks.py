@@ -76,6 +76,23 @@ def _check_pooling(alias, database):
                 id="pgqueue.E105",
             )
         )
+    isolation = database.get("OPTIONS", {}).get("isolation_level")
+    if (
+        isolation is not None and int(isolation) > 2
+    ):  # psycopg's IsolationLevel: 2 is READ COMMITTED
+        problems.append(
+            checks.Error(
+                f"The queue database {alias!r} has OPTIONS isolation_level="
+                f"{getattr(isolation, 'name', isolation)}: the worker promotes the next "
+                "message of a message group, and delivers stream events after a lock, with a "
+                "snapshot per statement, which only READ COMMITTED gives; the promotion "
+                "refuses to run otherwise.",
+                hint="Remove isolation_level from the queue database's OPTIONS (PostgreSQL's "
+                "default is READ COMMITTED), or give the queue an alias of its own "
+                "(PGQUEUE['DATABASE']) without it.",
+                id="pgqueue.E106",
+            )
+        )
     if database.get("DISABLE_SERVER_SIDE_CURSORS") and conf.get("NOTIFY"):
         problems.append(
             checks.Warning(

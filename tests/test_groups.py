@@ -457,3 +457,16 @@ def test_a_release_left_behind_is_promoted_by_a_polling_worker(start_worker):
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=30) == 0, worker.log()
     assert not GroupRelease.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_promotion_refuses_to_run_above_read_committed():
+    import psycopg
+
+    enqueue("test.record", {}, group_key="g")
+    with raw_connection() as conn:
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        with pytest.raises(psycopg.errors.RaiseException, match="not repeatable read"):
+            conn.execute("SELECT pgqueue_promote_groups(10, false)")
+    assert [m.status for m in Message.objects.all()] == [Status.BLOCKED]
+    assert GroupRelease.objects.count() == 1, "the release waits for a promotion that can run"

@@ -322,3 +322,16 @@ def test_server_side_binding_is_an_error(monkeypatch, settings):
     monkeypatch.setitem(settings.DATABASES["default"], "OPTIONS", options)
     [error] = pgqueue_checks.check_database()
     assert error.id == "pgqueue.E105"
+
+
+@pytest.mark.parametrize("level", ["REPEATABLE_READ", "SERIALIZABLE"])
+def test_an_isolation_level_above_read_committed_is_an_error(monkeypatch, settings, level):
+    import psycopg
+
+    isolation = getattr(psycopg.IsolationLevel, level)
+    options = {**settings.DATABASES["default"]["OPTIONS"], "isolation_level": isolation}
+    monkeypatch.setitem(settings.DATABASES["default"], "OPTIONS", options)
+    [error] = pgqueue_checks.check_database()
+    assert error.id == "pgqueue.E106" and level in error.msg
+    options["isolation_level"] = psycopg.IsolationLevel.READ_COMMITTED
+    assert pgqueue_checks.check_database() == []
