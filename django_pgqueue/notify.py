@@ -14,7 +14,9 @@ synced with the setting each time ``migrate`` runs.
 """
 
 import logging
+import os
 
+import psycopg
 from django.db import connections
 
 from . import conf
@@ -26,6 +28,17 @@ CHANNEL = "django_pgqueue"
 # message of released groups (migration 0009). Empty payload.
 GROUPS_CHANNEL = "django_pgqueue_groups"
 TRIGGER = "pgqueue_notify_insert"
+
+
+def listen_connection(using):
+    """A psycopg connection of its own to the database ``using``, in
+    autocommit (notifications are only delivered between transactions),
+    never one of Django's, named in pg_stat_activity."""
+    params = connections[using].get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    params["application_name"] = f"pgqueue_listener#{os.getpid()}"
+    return psycopg.connect(**params, autocommit=True)
 
 
 def trigger_enabled(using):

@@ -57,9 +57,10 @@ def handler(
         raise ValueError(f"@handler: {problem}")
     if max_attempts is not None and not (_is_int(max_attempts) and max_attempts >= 1):
         raise ValueError(f"@handler({topic!r}): max_attempts must be at least 1")
-    timeout = _seconds("timeout", topic, timeout)
-    backoff_base = _seconds("backoff_base", topic, backoff_base)
-    backoff_cap = _seconds("backoff_cap", topic, backoff_cap)
+    where = f"@handler({topic!r})"
+    timeout = _seconds(where, "timeout", timeout)
+    backoff_base = _seconds(where, "backoff_base", backoff_base)
+    backoff_cap = _seconds(where, "backoff_cap", backoff_cap)
     if not isinstance(atomic, bool):
         raise ValueError(f"@handler({topic!r}): atomic must be True or False")
     if backoff_jitter is not None and not isinstance(backoff_jitter, bool):
@@ -124,13 +125,15 @@ def _location(func):
     return f"{func.__module__}.{func.__qualname__} ({filename}:{line})"
 
 
-def _seconds(name, topic, value):
+def _seconds(where, option, value):
+    """A decorator's option in seconds (a number or a timedelta), as a float;
+    ``where`` names the decorator in the error."""
     if value is None:
         return None
     if isinstance(value, datetime.timedelta):
         value = value.total_seconds()
     if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value < 1e9:
-        raise ValueError(f"@handler({topic!r}): {name} must be a positive number of seconds")
+        raise ValueError(f"{where}: {option} must be a positive number of seconds")
     return float(value)
 
 

@@ -25,7 +25,6 @@ others skip it (``BUSY``) until their next poll.
 """
 
 import logging
-import os
 import random
 import threading
 import time
@@ -34,6 +33,7 @@ import psycopg
 from django.db import connections
 
 from . import conf, maintenance, stream_delivery, subscriptions
+from .notify import listen_connection
 from .streams import CHANNEL
 
 logger = logging.getLogger(__name__)
@@ -175,7 +175,7 @@ class StreamWorker:
         delay = RECONNECT_DELAY
         while not self._stop.is_set():
             try:
-                with _listen_connection() as conn:
+                with listen_connection(subscriptions.alias()) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
                     delay = RECONNECT_DELAY
                     self._wake.set()  # notifications missed while away are gone: poll
@@ -196,16 +196,6 @@ class StreamWorker:
                 )
                 self._stop.wait(delay * random.uniform(0.8, 1.2))
                 delay = min(delay * 2, RECONNECT_DELAY_CAP)
-
-
-def _listen_connection():
-    """A psycopg connection of its own, in autocommit (notifications arrive
-    between transactions only), never one of Django's pooled connections."""
-    params = connections[subscriptions.alias()].get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
-    params["application_name"] = f"pgqueue_listener#{os.getpid()}"
-    return psycopg.connect(**params, autocommit=True)
 
 
 def start_for(worker):

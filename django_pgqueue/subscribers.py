@@ -7,7 +7,6 @@ Subscribers live in a ``subscribers`` module of any installed app (or in its
 name stops start-up with both locations named.
 """
 
-import datetime
 import inspect
 from dataclasses import dataclass
 
@@ -15,7 +14,7 @@ from django.utils.module_loading import autodiscover_modules
 
 from . import conf
 from .exceptions import DuplicateSubscriber
-from .registry import _is_int, _location
+from .registry import _is_int, _location, _seconds
 from .stream_models import STREAM_NAME_MAX_LENGTH, SUBSCRIPTION_NAME_MAX_LENGTH
 
 BLOCK, DEAD_LETTER = "block", "dead_letter"
@@ -165,16 +164,6 @@ def select(names):
             f"unknown subscription(s) {', '.join(map(repr, unknown))} (registered: {known})"
         )
     return [_subscribers[name] for name in dict.fromkeys(names)]
-
-
-def _seconds(where, option, value):
-    if value is None:
-        return None
-    if isinstance(value, datetime.timedelta):
-        value = value.total_seconds()
-    if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value < 1e9:
-        raise ValueError(f"{where}: {option} must be a positive number of seconds")
-    return float(value)
 
 
 def autodiscover():

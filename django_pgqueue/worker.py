@@ -41,7 +41,7 @@ from . import conf, lifecycle, maintenance, policy, registry, signals
 from .exceptions import HandlerTimeout, Permanent, Retry
 from .metrics import DEAD_LETTERED, RETRIED, NullMetrics
 from .models import Category
-from .notify import CHANNEL, GROUPS_CHANNEL
+from .notify import CHANNEL, GROUPS_CHANNEL, listen_connection
 
 logger = logging.getLogger(__name__)
 
@@ -1076,7 +1076,7 @@ class Worker:
         delay = RECONNECT_DELAY
         while not self._exit.is_set():
             try:
-                with _listen_connection(self.worker_id) as conn:
+                with listen_connection(lifecycle.alias()) as conn:
                     conn.execute(f"LISTEN {CHANNEL}; LISTEN {GROUPS_CHANNEL}")
                     delay = RECONNECT_DELAY
                     self._notify()  # poll once: notifications missed while away are gone
@@ -1382,13 +1382,3 @@ def _drop_broken_connections():
             connection.close()
         else:
             connection.errors_occurred = False
-
-
-def _listen_connection(worker_id):
-    """A psycopg connection of its own, in autocommit (notifications are only
-    delivered between transactions), named in pg_stat_activity."""
-    params = connections[lifecycle.alias()].get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
-    params["application_name"] = f"pgqueue_listener#{os.getpid()}"
-    return psycopg.connect(**params, autocommit=True)
