@@ -13,7 +13,7 @@ from django.db import IntegrityError, connection, transaction
 from django_pgqueue import enqueue, enqueue_many, lifecycle
 from django_pgqueue.models import Category, DeadLetter, GroupRelease, Message, Status
 
-from .conftest import raw_connection, wait_until
+from .conftest import raw_connection, running_worker, wait_until
 
 WORKER = "test-worker"
 
@@ -470,3 +470,37 @@ def test_promotion_refuses_to_run_above_read_committed():
             conn.execute("SELECT pgqueue_promote_groups(10, false)")
     assert [m.status for m in Message.objects.all()] == [Status.BLOCKED]
     assert GroupRelease.objects.count() == 1, "the release waits for a promotion that can run"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_promotion_is_tried_again_and_the_group_goes_on(caplog):
+    """The promotion fails (an injected error on the release table) in the
+    worker's claim round trip, three times: the claim is rolled back with it,
+    the worker retries, and the group is handled in order, each message once."""
+    with raw_connection(autocommit=True) as conn:
+        conn.execute("CREATE SEQUENCE test_promote_failures")
+        conn.execute(
+            "CREATE FUNCTION test_fail_promote() RETURNS trigger LANGUAGE plpgsql AS $$"
+            " BEGIN IF nextval('test_promote_failures') <= 3 THEN"
+            " RAISE EXCEPTION 'promotion failure (injected)'; END IF; RETURN OLD; END $$"
+        )
+        conn.execute(
+            "CREATE TRIGGER test_fail_promote BEFORE DELETE ON django_pgqueue_grouprelease"
+            " FOR EACH ROW EXECUTE FUNCTION test_fail_promote()"
+        )
+    try:
+        messages = [enqueue("test.group", {"n": n}, group_key="g") for n in range(3)]
+        with running_worker(concurrency=1, poll_interval=0.2):
+            wait_until(
+                lambda: Handled.objects.count() >= 3, timeout=30, message="the group handled"
+            )
+        assert list(Handled.objects.order_by("pk").values_list("message_id", flat=True)) == [
+            m.pk for m in messages
+        ]
+        assert "promotion failure (injected)" in caplog.text
+        assert not Message.objects.exists()
+    finally:
+        with raw_connection(autocommit=True) as conn:
+            conn.execute("DROP TRIGGER test_fail_promote ON django_pgqueue_grouprelease")
+            conn.execute("DROP FUNCTION test_fail_promote()")
+            conn.execute("DROP SEQUENCE test_promote_failures")
