@@ -365,9 +365,9 @@ def ack_and_claim_rows(
             promote = False
         else:
             # One statement, run every cycle: prepared when the connection allows.
-            with prepared_cursor(connection) as cursor:
-                cursor.execute(sql, claim_params)
-                rows = cursor.fetchall()
+            cursor = prepared_cursor(connection)
+            cursor.execute(sql, claim_params)
+            rows = cursor.fetchall()
         if pending:
             busy = _unacknowledged(pending, acked)
         acks = pending = ()

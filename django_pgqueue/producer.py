@@ -271,8 +271,9 @@ def _insert(messages, rows, alias, first_skipped=None):
 def _insert_once(messages, rows, alias):
     """One INSERT; returns the indexes (into ``rows``) that a dedup_key conflict skipped."""
     cursor, dedup = _send_insert(connections[alias], rows)
-    with cursor:
-        returned = sorted(cursor.fetchall())  # ids ascend in input order
+    returned = sorted(cursor.fetchall())  # ids ascend in input order
+    if len(rows) > 1:
+        cursor.close()  # its own cursor (prepared_cursor's one stays open)
     return _match_returned(messages, returned, dedup, alias)
 
 
@@ -394,7 +395,7 @@ _BLANK_FIELDS = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: its __init__ would cost more (enqueue_many makes many)
 class _Row:
     """One validated message: the caller's objects and the column values."""
 

@@ -93,9 +93,9 @@ def _insert(event, params, alias):
     sql = PUBLISH_SQL.format(table=connection.ops.quote_name(StreamEvent._meta.db_table))
     if conf.get("NOTIFY"):
         sql += NOTIFY_RETURNING
-    with prepared_cursor(connection) as cursor:
-        cursor.execute(sql, params)
-        position, xid, created_at = cursor.fetchone()[:3]
+    cursor = prepared_cursor(connection)
+    cursor.execute(sql, params)
+    position, xid, created_at = cursor.fetchone()[:3]
     event.position, event.xid = position, int(xid)
     event.created_at = timestamp_from_text(created_at)
     event._state.adding, event._state.db = False, alias

@@ -5,7 +5,7 @@ import datetime
 import threading
 
 import pytest
-from django.db import connections, transaction
+from django.db import OperationalError, connections, transaction
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -231,6 +231,43 @@ def test_without_a_prepare_threshold_nothing_is_prepared():
         assert Message.objects.filter(topic="t.unprepared").count() == 8
     finally:
         connection.close()  # the next test gets a connection with the default
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_insert_cursor_is_kept_per_connection_and_replaced_with_it(other_connection):
+    """prepared_cursor keeps one cursor per connection; a closed connection
+    or a backend that died gets a new one, and Django's execute wrappers
+    see every statement sent through the kept cursor."""
+    connection = connections["default"]
+    seen = []
+
+    def wrapper(execute, sql, params, many, context):
+        seen.append(sql.split(None, 3)[:3])
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(wrapper):
+        enqueue("t.cursor", {"n": 1})
+        first = connection._pgqueue_prepared_cursor[1]
+        enqueue("t.cursor", {"n": 2})
+        assert connection._pgqueue_prepared_cursor[1] is first
+        assert seen == [["INSERT", "INTO", '"django_pgqueue_message"']] * 2
+
+        connection.close()  # a new connection (CONN_MAX_AGE, close_old_connections)
+        enqueue("t.cursor", {"n": 3})
+        assert connection._pgqueue_prepared_cursor[1] is not first
+
+        # The backend dies under the kept cursor: the call fails, Django
+        # drops the unusable connection, and the next call works again.
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            (pid,) = cursor.fetchone()
+        other_connection.execute("SELECT pg_terminate_backend(%s)", [pid])
+        with pytest.raises(OperationalError):
+            enqueue("t.cursor", {"n": 4})
+        connection.close_if_unusable_or_obsolete()
+        enqueue("t.cursor", {"n": 5})
+    assert committed_topics(other_connection) == ["t.cursor"] * 4
+    assert sorted(m.payload["n"] for m in Message.objects.filter(topic="t.cursor")) == [1, 2, 3, 5]
 
 
 @pytest.mark.django_db
