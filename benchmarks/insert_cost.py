@@ -12,11 +12,21 @@ one-row INSERT, each in its own (autocommit) transaction, into
   add to every insert (migration 0009): the row trigger that blocks grouped
   messages (its WHEN clause is all an ungrouped insert pays) and the two
   partial indexes of grouped rows;
+- ``ours, no CHECK constraints``: without the table's five CHECK
+  constraints (PostgreSQL reads and prepares each constraint's expression
+  again for every INSERT statement, so a one-row insert pays for all of
+  them);
+- ``ours, enqueue()'s INSERT``: the statement ``enqueue()`` sends (every
+  column bound, ``RETURNING`` the id and timestamps), where the others send
+  a two-column INSERT;
 
 in turns (``--rounds`` times each, ``--n`` inserts per turn; the median
 counts), with psycopg's prepared statements, and the WAL each writes per
-insert. The inserts must commit to be measured, and the variants change the
-table for their turn, so it runs on a database of its own, ``--database``
+insert and the CPU time its server process spent per insert (from
+``/proc/<pid>/stat``; shown when the server runs on this machine): unlike
+the wall time, that does not wait for the WAL flush, whose latency drifts.
+The inserts must commit to be measured, and the variants change the table
+for their turn, so it runs on a database of its own, ``--database``
 (default ``postgres://postgres@127.0.0.1:5432/pgqueue_bench_insert``,
 created and migrated through the testproject; its name must contain
 "bench"), and puts every change back after each turn.
@@ -37,6 +47,8 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 ROOT = Path(__file__).resolve().parents[1]
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
 
 RAW_SCHEMA = """
 DROP TABLE IF EXISTS raw_jobs;
@@ -69,27 +81,58 @@ GROUP_INDEXES = {
     " ON django_pgqueue_message (group_key, id) WHERE status = 'blocked'",
 }
 
-RAW_INSERT = "INSERT INTO raw_jobs (payload) VALUES (%s)"
-OURS_INSERT = "INSERT INTO django_pgqueue_message (topic, payload) VALUES ('bench.noop', %s)"
+RAW_INSERT_SQL = "INSERT INTO raw_jobs (payload) VALUES (%s)"
 
 
-def variants(conn):
-    """name -> (insert, setup statements, teardown statements)."""
+def payload_only(i):
+    """The parameters of RAW_INSERT_SQL and OURS_INSERT_SQL."""
+    return [Jsonb({"n": i})]
+
+
+def enqueue_insert(database):
+    """enqueue()'s one-message INSERT (django_pgqueue/producer.py) and its
+    parameters for a message with every option at its default."""
+    sys.path.insert(0, str(ROOT / "testproject"))
+    os.environ.update(DJANGO_SETTINGS_MODULE="testproject.settings", DATABASE_URL=database)
+    import django
+
+    django.setup()
+    from django_pgqueue.producer import INSERT_ONE_NO_DEDUP_SQL
+
+    def params(i):
+        return ["default", "bench.noop", f'{{"n": {i}}}', "{}", 0, None, 0.0, None, None, None]
+
+    return INSERT_ONE_NO_DEDUP_SQL.format(table='"django_pgqueue_message"'), params
+
+
+CONSTRAINTS_SQL = """
+SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint
+WHERE conrelid = 'django_pgqueue_message'::regclass AND contype = 'c' ORDER BY conname
+"""
+OURS_INSERT_SQL = "INSERT INTO django_pgqueue_message (topic, payload) VALUES ('bench.noop', %s)"
+
+
+def variants(conn, database):
+    """name -> ((insert, its parameters for message i), setup statements,
+    teardown statements)."""
+    checks = conn.execute(CONSTRAINTS_SQL).fetchall()
+    table = "ALTER TABLE django_pgqueue_message "
+    raw, ours = (RAW_INSERT_SQL, payload_only), (OURS_INSERT_SQL, payload_only)
     return {
-        "raw": (RAW_INSERT, [], []),
-        "ours": (OURS_INSERT, [], []),
+        "raw": (raw, [], []),
+        "ours": (ours, [], []),
         "ours, no notify trigger": (
-            OURS_INSERT,
+            ours,
             ["ALTER TABLE django_pgqueue_message DISABLE TRIGGER pgqueue_notify_insert"],
             ["ALTER TABLE django_pgqueue_message ENABLE TRIGGER pgqueue_notify_insert"],
         ),
         "ours, no partial indexes": (
-            OURS_INSERT,
+            ours,
             [f"DROP INDEX {name}" for name in INDEXES],
             list(INDEXES.values()),
         ),
         "ours, no group trigger and indexes": (
-            OURS_INSERT,
+            ours,
             [
                 "ALTER TABLE django_pgqueue_message DISABLE TRIGGER pgqueue_group_insert",
                 *(f"DROP INDEX {name}" for name in GROUP_INDEXES),
@@ -99,20 +142,48 @@ def variants(conn):
                 *GROUP_INDEXES.values(),
             ],
         ),
+        "ours, no CHECK constraints": (
+            ours,
+            [table + ", ".join(f"DROP CONSTRAINT {name}" for name, _ in checks)],
+            [table + ", ".join(f"ADD CONSTRAINT {name} {text}" for name, text in checks)],
+        ),
+        "ours, enqueue()'s INSERT": (enqueue_insert(database), [], []),
     }
 
 
-def turn(conn, insert, n):
+def turn(conn, insert, n, backend_cpu):
+    """(wall us, server CPU us or None, WAL bytes), per insert."""
     conn.execute("TRUNCATE django_pgqueue_message, raw_jobs")
     start_lsn = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+    sql, params = insert
+    cpu = backend_cpu()
     started = time.perf_counter()
     for i in range(n):
-        conn.execute(insert, [Jsonb({"n": i})], prepare=True)
+        conn.execute(sql, params(i), prepare=True)
     seconds = time.perf_counter() - started
+    cpu = None if cpu is None else backend_cpu() - cpu
     wal = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s)", [start_lsn]).fetchone()[
         0
     ]
-    return seconds / n * 1e6, float(wal) / n
+    return seconds / n * 1e6, None if cpu is None else cpu / n * 1e6, float(wal) / n
+
+
+def backend_cpu_reader(conn):
+    """A function returning the CPU seconds of ``conn``'s server process, or
+    one returning None when that process is not on this machine."""
+    pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+    path = Path(f"/proc/{pid}/stat")
+    same_machine = conn.info.host in ("127.0.0.1", "localhost", "::1") or conn.info.host.startswith(
+        "/"
+    )
+    if not same_machine or not path.exists():
+        return lambda: None
+
+    def read():
+        fields = path.read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+
+    return read
 
 
 def main(argv=None):
@@ -138,27 +209,35 @@ def main(argv=None):
     with psycopg.connect(args.database, autocommit=True) as conn:
         conn.execute(RAW_SCHEMA)
         conn.execute(f"SET synchronous_commit = {args.synchronous_commit}")
-        cases = variants(conn)
+        cases = variants(conn, args.database)
+        backend_cpu = backend_cpu_reader(conn)
         times = {name: [] for name in cases}
+        cpus = {name: [] for name in cases}
         wal = {}
         for _ in range(args.rounds):
             for name, (insert, setup, teardown) in cases.items():
                 for statement in setup:
                     conn.execute(statement)
                 try:
-                    micros, wal[name] = turn(conn, insert, args.n)
+                    micros, cpu, wal[name] = turn(conn, insert, args.n, backend_cpu)
                 finally:
                     for statement in teardown:
                         conn.execute(statement)
                 times[name].append(micros)
+                if cpu is not None:
+                    cpus[name].append(cpu)
         conn.execute("TRUNCATE django_pgqueue_message, raw_jobs")
     print(
         f"{args.n:,} one-row INSERTs per turn, {args.rounds} turns each in rotation,"
-        f" synchronous_commit={args.synchronous_commit}; median (all turns), WAL per insert"
+        f" synchronous_commit={args.synchronous_commit}; per insert: the median wall time"
+        " (all turns), the server process's median CPU time, the WAL"
     )
     for name, values in times.items():
         turns = " ".join(f"{v:.0f}" for v in values)
-        print(f"  {name:34} {statistics.median(values):6.0f} us  ({turns})  {wal[name]:.0f} B")
+        cpu = f"cpu {statistics.median(cpus[name]):5.0f} us" if cpus[name] else "cpu     -"
+        print(
+            f"  {name:36} {statistics.median(values):6.0f} us  {cpu}  {wal[name]:4.0f} B  ({turns})"
+        )
 
 
 if __name__ == "__main__":
