@@ -12,6 +12,13 @@ RETURNING, and a plain DELETE ... RETURNING): a prototype for discussion,
 not a replacement.
 
     .venv/bin/python benchmarks/claim_cycle.py [--messages 8000] [--batch 4 32 100]
+
+``--leased-by-others N``: first N messages are claimed by other (made-up)
+workers and stay leased, as in a deployment where many workers hold many
+messages, with the planner statistics taken before (nothing leased). The
+acknowledgements must find this worker's rows without reading theirs:
+
+    .venv/bin/python benchmarks/claim_cycle.py --batch 100 --leased-by-others 5000
 """
 
 import argparse
@@ -76,16 +83,20 @@ def make_alternative():
     return claim, ack_many
 
 
-def fill(n):
-    from django_pgqueue import enqueue_many
+def fill(n, leased_by_others=0):
+    from django_pgqueue import enqueue_many, lifecycle
 
     bench.truncate()
-    enqueue_many([{"payload": {"n": i}} for i in range(n)], topic=bench.TOPIC_NONATOMIC)
+    total = n + leased_by_others
+    enqueue_many([{"payload": {"n": i}} for i in range(total)], topic=bench.TOPIC_NONATOMIC)
     bench.execute("VACUUM ANALYZE django_pgqueue_message")
+    for start in range(0, leased_by_others, 100):
+        size = min(100, leased_by_others - start)
+        lifecycle.claim(["default"], size, f"other-worker-{start // 100}", 3600)
 
 
-def cycle(label, claim, ack_many, batch, n):
-    fill(n)
+def cycle(label, claim, ack_many, batch, n, leased_by_others=0):
+    fill(n, leased_by_others)
     claim_s = ack_s = 0.0
     cycles = done = 0
     started = time.perf_counter()
@@ -104,7 +115,7 @@ def cycle(label, claim, ack_many, batch, n):
         cycles += 1
         done += len(messages)
     total = time.perf_counter() - started
-    if done != n or bench.count("django_pgqueue_message"):
+    if done != n or bench.count("django_pgqueue_message") != leased_by_others:
         raise bench.CheckFailed(f"{label}: {done} of {n} messages went through the cycle")
     print(
         f"  {label:34} batch {batch:4}: {done / total:8,.0f} jobs/s   "
@@ -117,9 +128,17 @@ def main(argv=None):
     parser.add_argument("--messages", type=int, default=8000)
     parser.add_argument("--batch", type=int, nargs="+", default=[4, 32, 100])
     parser.add_argument(
+        "--leased-by-others",
+        type=int,
+        default=0,
+        help="messages other workers hold leased during the run (default 0)",
+    )
+    parser.add_argument(
         "--database-url", default=os.environ.get("BENCH_DATABASE_URL", bench.DEFAULT_URL)
     )
     args = parser.parse_args(argv)
+    if args.messages < 1 or args.leased_by_others < 0 or min(args.batch) < 1:
+        parser.error("--messages and --batch must be at least 1, --leased-by-others at least 0")
     if "bench" not in bench.database_name(args.database_url):
         parser.error("the database name must contain 'bench': every run empties its queue")
     url = args.database_url
@@ -140,7 +159,10 @@ def main(argv=None):
         from django_pgqueue import lifecycle
 
         alt_claim, alt_ack = make_alternative()
-        print(f"claim + acknowledge, single thread, {args.messages} messages per line:")
+        print(
+            f"claim + acknowledge, single thread, {args.messages} messages per line,"
+            f" {args.leased_by_others} leased by other workers:"
+        )
         for batch in args.batch:
             cycle(
                 "lifecycle.claim + ack_many",
@@ -148,8 +170,16 @@ def main(argv=None):
                 lifecycle.ack_many,
                 batch,
                 args.messages,
+                args.leased_by_others,
             )
-            cycle("one-statement claim + DELETE", alt_claim, alt_ack, batch, args.messages)
+            cycle(
+                "one-statement claim + DELETE",
+                alt_claim,
+                alt_ack,
+                batch,
+                args.messages,
+                args.leased_by_others,
+            )
         bench.truncate()
         return 0
     except bench.CheckFailed as exc:

@@ -114,10 +114,17 @@ class Message(models.Model):
                 condition=Q(status=Status.WAITING),
                 name="pgqueue_msg_due_idx",
             ),
-            # Leased rows by expiry: the rescue of crashed workers' messages.
+            # Leased rows by expiry: the rescue of crashed workers' messages
+            # (lease_expires_at < now) and the probe's next expiry (min()).
+            # "IS NOT NULL" in the condition keeps the statements that find
+            # leased rows by id and token (acknowledgements, lease
+            # extensions) on the primary key: with "status = 'processing'"
+            # alone they could use this index too, and statistics taken
+            # while nothing was leased made the planner read all of it,
+            # every worker's leases, for each acknowledgement (migration 0011).
             models.Index(
                 fields=["lease_expires_at"],
-                condition=Q(status=Status.PROCESSING),
+                condition=Q(status=Status.PROCESSING, lease_expires_at__isnull=False),
                 name="pgqueue_msg_lease_idx",
             ),
             # A group's blocked messages in enqueue order: the next one to

@@ -10,6 +10,7 @@ import uuid
 import pytest
 from django.db import connections, transaction
 from django.db.models import Q
+from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -245,6 +246,52 @@ def test_the_prepared_claims_generic_plan_reads_a_partial_index(make_message, fe
     top = next(line for line in lines[lock_rows:] if line.strip().startswith("Buffers:"))
     buffers = sum(int(part.split("=")[1]) for part in top.split() if "=" in part)
     assert buffers < 30, f"picking 1 row touched {buffers} buffers:\n{plan}"
+
+
+def test_acknowledgements_and_lease_extensions_read_the_primary_key_not_every_lease():
+    """5,000 messages leased by other workers, planner statistics taken while
+    nothing was leased: acknowledging (and extending) this worker's 100 reads
+    those 100 rows through the primary key. With the lease index's old
+    condition (status = 'processing' only) the planner scanned the whole
+    index, every worker's leases, for each acknowledgement. The rescue and
+    the probe still read the lease index (by expiry)."""
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO django_pgqueue_message (topic, payload)"
+            " SELECT 'bulk', '{}' FROM generate_series(1, 5100);"
+            " ANALYZE django_pgqueue_message"
+        )
+    for n in range(50):
+        lifecycle.claim(["default"], 100, f"other-{n}", 600)
+    mine = lifecycle.claim(["default"], 100, "me", 60)
+    assert len(mine) == 100
+
+    def plan_of(sql, params):
+        with transaction.atomic(), connections["default"].cursor() as cursor:
+            cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+            transaction.set_rollback(True)
+        return plan
+
+    for skip_locked in (True, False):
+        plan = plan_of(*lifecycle._ack_statement(connections["default"], mine, skip_locked))
+        assert "pgqueue_msg_lease_idx" not in plan and "Seq Scan" not in plan, plan
+        assert "django_pgqueue_message_pkey" in plan, plan
+    token = mine[0].lease_token
+    extend = (
+        Message.objects.select_for_update(skip_locked=True)
+        .filter(pk__in=[m.pk for m in mine], status=Status.PROCESSING, lease_token=token)
+        .values("pk")
+    )
+    with transaction.atomic():
+        plan = extend.explain()
+    assert "pgqueue_msg_lease_idx" not in plan and "pkey" in plan, plan
+    rescue = Message.objects.filter(status=Status.PROCESSING, lease_expires_at__lt=Now()).order_by(
+        "lease_expires_at"
+    )[:1000]
+    assert "pgqueue_msg_lease_idx" in rescue.explain()
+    assert lifecycle.ack_many(mine) == {m.pk for m in mine}
+    assert lifecycle.extend_leases(mine, 60) == set()  # acknowledged: gone, not lost
 
 
 def test_a_claim_expecting_few_takes_them_all_in_claim_order_or_the_oldest(make_message):
