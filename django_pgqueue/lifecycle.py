@@ -446,10 +446,11 @@ def claim_statement(
     few_ready=False,
 ):
     """The claim's UPDATE for one queue and its parameters (also for EXPLAIN)."""
-    sql, pick_params = _claim_sql(using, now is not None, async_commit, few_ready)
+    written_limit = limit if few_ready else None  # see _LIMIT_SENTINEL
+    sql, pick_params = _claim_sql(using, now is not None, async_commit, few_ready, written_limit)
     params = [now, None, lease_seconds, worker_id]
     params += [queue if p == _QUEUE_SENTINEL else p for p in pick_params]
-    return sql, [*params, limit]
+    return sql, params if few_ready else [*params, limit]
 
 
 # The LIMIT is bound, not written into the statement: the worker claims
@@ -458,16 +459,27 @@ def claim_statement(
 # takes it when its estimate is no worse than the custom plans'), where a
 # text per size is planned again on each of its first ten calls (psycopg's
 # prepare threshold, then PostgreSQL's five custom plans) and most sizes
-# never get that far; planning is what grows with a large table. Django
-# compiles a slice into a literal; this number, no real limit, marks where
-# the placeholder goes.
+# never get that far; planning is what grows with a large table.
+#
+# Except in a claim that expects few messages (few_ready, after a claim came
+# back short): that one writes its limit into the text. Its size is nearly
+# always the same (on a quiet queue every slot is free: a batch), and only a
+# limit the planner can see keeps the generic plan's estimate down while the
+# statistics still describe a drained backlog: a bound limit is estimated
+# as a tenth of the rows those promise, so PostgreSQL kept choosing custom
+# plans and planned every such claim (benchmarks/scale.py, "claim p50,
+# sparse-busy-stats": 1.4x its baseline with a bound limit).
+#
+# Django compiles a slice into a literal; this number, no real limit, marks
+# where the limit goes.
 _LIMIT_SENTINEL = 987654321
 
 
-@functools.lru_cache(maxsize=16)
-def _claim_sql(using, fixed_now, async_commit, few_ready):
+@functools.lru_cache(maxsize=128)
+def _claim_sql(using, fixed_now, async_commit, few_ready, written_limit=None):
     """The claim statement, and its subquery's parameters (the queue name as
-    _QUEUE_SENTINEL; the limit, bound last, is not among them).
+    _QUEUE_SENTINEL; the limit, bound last, is not among them). With
+    ``written_limit`` the limit is that number in the text instead.
 
     Readiness is ``run_at <= statement_timestamp()`` unless the caller fixes
     the time: the planner folds that stable function into a constant when
@@ -495,7 +507,8 @@ def _claim_sql(using, fixed_now, async_commit, few_ready):
         raise RuntimeError(f"the claim's subquery has no {marker!r}: {pick_sql}")
     # The LIMIT comes after every other parameter of the subquery (WHERE,
     # ORDER BY), so its placeholder is the last one.
-    pick_sql = pick_sql.replace(marker, "LIMIT %s")
+    written = "%s" if written_limit is None else str(int(written_limit))
+    pick_sql = pick_sql.replace(marker, f"LIMIT {written}")
     quote = connection.ops.quote_name
     sql = CLAIM_SQL.format(
         async_commit=_ASYNC_COMMIT_COLUMN if async_commit else "",

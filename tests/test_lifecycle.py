@@ -248,6 +248,36 @@ def test_the_prepared_claims_generic_plan_reads_a_partial_index(make_message, fe
     assert buffers < 30, f"picking 1 row touched {buffers} buffers:\n{plan}"
 
 
+def test_a_claim_expecting_few_keeps_its_generic_plan_while_statistics_describe_a_backlog(
+    make_message,
+):
+    """Statistics taken with a backlog of 20,000 ready messages, the backlog
+    gone: the worker's short claims (few_ready) run with PostgreSQL's generic
+    plan instead of being planned again on every call. (With the limit bound
+    as a parameter the planner estimated a tenth of the backlog for it and
+    kept choosing custom plans.)"""
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO django_pgqueue_message (topic, payload)"
+            " SELECT 'backlog', '{}' FROM generate_series(1, 20000);"
+            " INSERT INTO django_pgqueue_message (topic, payload, run_at)"
+            " SELECT 'later', '{}', now() + interval '1 day' FROM generate_series(1, 20000);"
+            " ANALYZE django_pgqueue_message;"
+            " DELETE FROM django_pgqueue_message WHERE topic = 'backlog'"
+        )
+        cursor.execute("VACUUM django_pgqueue_message")  # the dead rows go, the statistics stay
+    for _ in range(12):  # psycopg prepares after 5, PostgreSQL decides after 5 more
+        make_message(run_at=NOW - SECOND)
+        assert len(lifecycle.claim(["default"], 16, "w", 60, few_ready=True)) == 1
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+            " WHERE statement LIKE '%%UPDATE%%' AND statement LIKE '%%LIMIT 16%%'"
+        )
+        ((generic, custom),) = cursor.fetchall()
+    assert generic >= 1 and custom <= 5, (generic, custom)
+
+
 def test_acknowledgements_and_lease_extensions_read_the_primary_key_not_every_lease():
     """5,000 messages leased by other workers, planner statistics taken while
     nothing was leased: acknowledging (and extending) this worker's 100 reads
