@@ -2,8 +2,8 @@
 
 from django.db.backends.postgresql.base import ServerBindingCursor
 
-# The attribute of a DatabaseWrapper that keeps its prepared_cursor, with the
-# psycopg connection it was opened on.
+# The attribute of a DatabaseWrapper that keeps its prepared_cursor: (the
+# psycopg connection it was opened on, whether the query log was on, it).
 _CACHED = "_pgqueue_prepared_cursor"
 
 
@@ -30,17 +30,24 @@ def prepared_cursor(connection):
     prepared statements (1.21+ with ``max_prepared_statements``): psycopg
     then never prepares, and this stays a plain parameterised statement.
     """
-    if connection.queries_logged:
-        # DEBUG, or a test capturing queries: the query log wants the SQL as
-        # sent, which Django reads from client-side binding cursors only.
-        return connection.cursor()
+    logged = connection.queries_logged
     connection.ensure_connection()
     cached = getattr(connection, _CACHED, None)
-    if cached is not None and cached[0] is connection.connection and not cached[1].cursor.closed:
-        return cached[1]
-    with connection.wrap_database_errors:
-        cursor = ServerBindingCursor(connection.connection)
-    connection.validate_thread_sharing()
-    wrapper = connection.make_cursor(cursor)
-    setattr(connection, _CACHED, (connection.connection, wrapper))
+    if cached is not None:
+        pg_connection, was_logged, wrapper = cached
+        if pg_connection is connection.connection and was_logged == logged:
+            if not wrapper.cursor.closed:
+                return wrapper
+        else:
+            wrapper.close()
+    if logged:
+        # DEBUG, or a test capturing queries: the query log wants the SQL as
+        # sent, which Django reads from client-side binding cursors only.
+        wrapper = connection.cursor()
+    else:
+        with connection.wrap_database_errors:
+            cursor = ServerBindingCursor(connection.connection)
+        connection.validate_thread_sharing()
+        wrapper = connection.make_cursor(cursor)
+    setattr(connection, _CACHED, (connection.connection, logged, wrapper))
     return wrapper

@@ -247,14 +247,14 @@ def test_the_insert_cursor_is_kept_per_connection_and_replaced_with_it(other_con
 
     with connection.execute_wrapper(wrapper):
         enqueue("t.cursor", {"n": 1})
-        first = connection._pgqueue_prepared_cursor[1]
+        first = connection._pgqueue_prepared_cursor[-1]
         enqueue("t.cursor", {"n": 2})
-        assert connection._pgqueue_prepared_cursor[1] is first
+        assert connection._pgqueue_prepared_cursor[-1] is first
         assert seen == [["INSERT", "INTO", '"django_pgqueue_message"']] * 2
 
         connection.close()  # a new connection (CONN_MAX_AGE, close_old_connections)
         enqueue("t.cursor", {"n": 3})
-        assert connection._pgqueue_prepared_cursor[1] is not first
+        assert connection._pgqueue_prepared_cursor[-1] is not first
 
         # The backend dies under the kept cursor: the call fails, Django
         # drops the unusable connection, and the next call works again.
@@ -268,6 +268,25 @@ def test_the_insert_cursor_is_kept_per_connection_and_replaced_with_it(other_con
         enqueue("t.cursor", {"n": 5})
     assert committed_topics(other_connection) == ["t.cursor"] * 4
     assert sorted(m.payload["n"] for m in Message.objects.filter(topic="t.cursor")) == [1, 2, 3, 5]
+
+
+@pytest.mark.django_db
+def test_while_queries_are_logged_the_kept_cursor_is_djangos_logging_one():
+    """With the query log on (DEBUG, CaptureQueriesContext) the kept cursor
+    is Django's client-side one, so the log has the SQL; when the log goes
+    off, it is closed and replaced by the server-binding one."""
+    connection = connections["default"]
+    with CaptureQueriesContext(connection) as queries:
+        enqueue("t.logged", {"n": 1})
+        logging_cursor = connection._pgqueue_prepared_cursor[-1]
+        enqueue("t.logged", {"n": 2})
+        assert connection._pgqueue_prepared_cursor[-1] is logging_cursor
+    inserts = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("INSERT")]
+    assert len(inserts) == 2 and all("'t.logged'" in sql for sql in inserts)
+    enqueue("t.logged", {"n": 3})
+    assert connection._pgqueue_prepared_cursor[-1] is not logging_cursor
+    assert logging_cursor.cursor.closed
+    assert Message.objects.filter(topic="t.logged").count() == 3
 
 
 @pytest.mark.django_db
