@@ -405,6 +405,19 @@ def ack_and_claim_rows(
 # again, and any later durable commit (a handler's, an acknowledgement's)
 # flushes the WAL up to it first. (A function in the statement, not SET
 # LOCAL before it, keeps the claim one statement, which can be prepared.)
+# The UPDATE finds the picked rows again by their physical address (ctid, a
+# Tid Scan of the array the subquery returns), not by id: a join on id looks
+# every row up in the primary key again, and that B-tree gets a level deeper
+# as the table grows (a million delayed messages: 4 buffers a row instead of
+# 3), or hashes a sequential scan of the whole table when the planner thinks
+# it cheaper (a mid-sized backlog); either way the cost of a claim grew with
+# rows it does not touch. The address is safe to use within the statement:
+# the subquery's FOR UPDATE holds the row locked from there to the commit,
+# so nothing can move or remove it. Should another transaction have updated
+# a waiting row after this statement's snapshot and before the lock (the
+# lock then follows the row to its new version), the new version is
+# invisible to the UPDATE's scan: the row is simply not claimed this time
+# and stays waiting, its lock released at the commit.
 # A row written by another client may hold what no enqueue writes: the
 # attempt count stops at the integer's maximum (one such row must not fail
 # every claim of its queue), and a run_at of '-infinity' becomes the claim's
@@ -417,7 +430,7 @@ UPDATE {table} AS m SET status = 'processing', attempts = LEAST(m.attempts, 2147
     updated_at = clock.now,
     run_at = CASE WHEN isfinite(m.run_at) THEN m.run_at ELSE clock.now END
 FROM clock
-WHERE m.id IN ({pick})
+WHERE m.ctid = ANY(ARRAY({pick}))
 RETURNING {columns}
 """
 _ASYNC_COMMIT_COLUMN = ", set_config('synchronous_commit', 'off', true) AS async_commit"
@@ -487,6 +500,10 @@ def _claim_sql(using, fixed_now, async_commit, few_ready, written_limit=None):
     the ready ones through the due index instead of walking every delayed
     entry of the claim index (a subquery would hide the value from it)."""
     connection = connections[using]
+    quote = connection.ops.quote_name
+    # The picked rows' physical address (see CLAIM_SQL); the value is only
+    # ever compared in SQL, never read by Python.
+    row_tid = RawSQL(f"{quote(Message._meta.db_table)}.ctid", (), output_field=CharField())
     ready_until = (
         RawSQL("(SELECT now FROM clock)", (), output_field=DateTimeField()) if fixed_now else Now()
     )
@@ -497,7 +514,8 @@ def _claim_sql(using, fixed_now, async_commit, few_ready, written_limit=None):
         .filter(run_at__lte=ready_until)
         # Oldest first when few are ready: the due index's order (see claim()).
         .order_by(*(("run_at",) if few_ready else ("-priority", "run_at", "id")))
-        .values("pk")[:_LIMIT_SENTINEL]
+        .annotate(row_tid=row_tid)
+        .values("row_tid")[:_LIMIT_SENTINEL]
     )
     # select_for_update compiles only inside a transaction; nothing runs here.
     with transaction.atomic(using=using):
@@ -509,7 +527,6 @@ def _claim_sql(using, fixed_now, async_commit, few_ready, written_limit=None):
     # ORDER BY), so its placeholder is the last one.
     written = "%s" if written_limit is None else str(int(written_limit))
     pick_sql = pick_sql.replace(marker, f"LIMIT {written}")
-    quote = connection.ops.quote_name
     sql = CLAIM_SQL.format(
         async_commit=_ASYNC_COMMIT_COLUMN if async_commit else "",
         table=quote(Message._meta.db_table),
@@ -649,6 +666,8 @@ def ack_leased(messages, async_commit=False, skip_locked=False):
     leave the rows another transaction has locked (else wait for them, up to
     LOCK_TIMEOUT: an atomic handler's transaction would rather commit a
     moment later than roll back its work)."""
+    if not messages:
+        return set()  # (no statement: an empty condition is not SQL)
     connection = connections[alias()]
     sql, params = _ack_statement(connection, messages, skip_locked)
     if async_commit:

@@ -5,6 +5,7 @@ every threshold and rows that must stay untouched."""
 import datetime
 import re
 import threading
+import time
 import uuid
 
 import pytest
@@ -131,6 +132,81 @@ def test_concurrent_claims_never_take_the_same_message(make_message):
     for t in threads:
         t.join()
     assert len(results) == 200 and len(set(results)) == 200
+
+
+def test_claims_racing_updates_of_waiting_rows_take_each_message_once(make_message):
+    """The claim finds its picked rows again by address (ctid): rows that
+    another transaction keeps updating while they wait (new row versions,
+    new addresses) are still claimed exactly once, and none is left behind."""
+    for _ in range(300):
+        make_message(run_at=NOW - SECOND)
+    claimed, errors = [], []
+    claiming = threading.Event()
+    claiming.set()
+
+    def update_waiting_rows():
+        try:
+            with raw_connection(autocommit=True) as other:
+                while claiming.is_set():
+                    other.execute(
+                        "UPDATE django_pgqueue_message SET headers = headers || '{}'"
+                        " WHERE id IN (SELECT id FROM django_pgqueue_message"
+                        " WHERE status = 'waiting' ORDER BY random() LIMIT 5)"
+                        " AND status = 'waiting'"
+                    )
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    def claim_and_ack():
+        try:
+            deadline = time.monotonic() + 60
+            while Message.objects.exists() and time.monotonic() < deadline:
+                batch = lifecycle.claim(["default"], 7, threading.current_thread().name, 30)
+                claimed.extend(m.pk for m in batch)
+                # (waits for a row the updater has locked for a moment)
+                assert lifecycle.ack_leased(batch) == {m.pk for m in batch}
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    updater = threading.Thread(target=update_waiting_rows)
+    updater.start()
+    workers = [threading.Thread(target=claim_and_ack, name=f"w{i}") for i in range(3)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    claiming.clear()
+    updater.join()
+    assert not errors, errors
+    assert len(claimed) == 300 and len(set(claimed)) == 300
+    assert not Message.objects.exists()
+
+
+def test_claim_finds_the_picked_rows_by_address_not_through_the_primary_key(make_message):
+    """A join on id would look every claimed row up in the primary key again
+    (a B-tree a level deeper with every hundredfold of rows in the table) or
+    hash a sequential scan of the whole table (a mid-sized backlog): the
+    cost of a claim would grow with rows it does not take."""
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO django_pgqueue_message (topic, payload, run_at)"
+            " SELECT 'bulk', '{}', now() - interval '1 minute' FROM generate_series(1, 2000)"
+        )
+        cursor.execute("ANALYZE django_pgqueue_message")
+    for limit, few_ready in ((100, False), (4, True)):
+        sql, params = lifecycle.claim_statement(
+            "default", "default", limit, "w", few_ready=few_ready
+        )
+        params[1] = uuid.uuid4()
+        with transaction.atomic(), connections["default"].cursor() as cursor:
+            cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+            transaction.set_rollback(True)
+        assert "Tid Scan on django_pgqueue_message m" in plan, plan
+        assert f"rows={limit} loops=1" in plan.splitlines()[0], plan
+        assert "Seq Scan" not in plan and "_pkey" not in plan, plan
 
 
 def test_claim_plan_does_not_read_finished_delayed_or_leased_rows(make_message):
@@ -365,6 +441,14 @@ def test_ack_many_reports_which_were_still_held(make_message):
     Message.objects.filter(pk=lost.pk).update(lease_token=uuid.uuid4())
     assert lifecycle.ack_many([a, b, lost]) == {a.pk, b.pk}
     assert list(Message.objects.values_list("pk", flat=True)) == [lost.pk]
+
+
+def test_acknowledging_nothing_sends_nothing():
+    with CaptureQueriesContext(connections["default"]) as queries:
+        assert lifecycle.ack_many([]) == set()
+        assert lifecycle.ack_unlocked([]) == (set(), set())
+        assert lifecycle.ack_leased([]) == set()
+    assert len(queries) == 0
 
 
 def test_acknowledgements_of_several_claims_each_check_their_own_token(make_message):
