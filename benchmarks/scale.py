@@ -227,6 +227,7 @@ class DrainRun:
     handled_by_metrics: float | None  # pgqueue_worker_messages_total, outcome done
     peak_rss_mib: float
     worker_warnings: int
+    round: int | None = None  # --in-turn: the round (its baseline and loaded pass are a pair)
 
 
 class Drain:
@@ -493,6 +494,7 @@ class ClaimScenario:
     plan_execution_ms: float = 0.0
     plans: list = field(default_factory=list)
     times_ms: list = field(default_factory=list)
+    round: int | None = None  # as DrainRun.round
 
 
 def claim_scenarios(ctx, state):
@@ -512,10 +514,13 @@ def claim_scenarios(ctx, state):
     """
     from django_pgqueue import lifecycle
 
-    calls, batch, small = ctx.claim_calls, ctx.claim_batch, ctx.claim_limit
+    batch, small = ctx.claim_batch, ctx.claim_limit
     results = []
 
     def measure(scenario, description, limit, ready, setup_each=None, few_ready=False):
+        # A claim of few is a fraction of a millisecond: more of them, or a
+        # hiccup of the machine weighs on the median of a few dozen ms.
+        calls = ctx.sparse_claim_calls if few_ready else ctx.claim_calls
         statements, would = capture_claim(limit, few_ready)
         if would != min(limit, ready):
             raise tp.CheckFailed(
@@ -567,10 +572,11 @@ def claim_scenarios(ctx, state):
             file=sys.stderr,
         )
 
+    backlog = ctx.claim_calls * batch
     delete_bench_rows()
-    insert_ready(calls * batch)
+    insert_ready(backlog)
     execute(f"VACUUM ANALYZE {MESSAGE_TABLE}")  # statistics with the backlog in them
-    measure("full", f"{batch} of a backlog of {calls * batch:,}", batch, calls * batch)
+    measure("full", f"{batch} of a backlog of {backlog:,}", batch, backlog)
 
     execute(f"VACUUM {MESSAGE_TABLE}")  # the dead rows go, the statistics stay
     insert_ready(1)
@@ -877,20 +883,41 @@ def conclusive(passed, ratio, higher_is_better, moved, tolerance):
     return ratio > (1.0 + tolerance) * spread
 
 
+def paired_ratios(entries, value):
+    """--in-turn: loaded/baseline of ``value(entry)`` in each round that has
+    both (a round's baseline pass, named baseline or baseline2, and its loaded
+    pass ran a minute apart: their ratio leaves out how the machine's speed
+    drifted from round to round, which pooling all passes keeps in)."""
+    rounds = {}
+    for entry in entries:
+        if entry.get("round") is not None:
+            kind = "loaded" if entry["state"] == "loaded" else "baseline"
+            rounds.setdefault(entry["round"], {})[kind] = value(entry)
+    return [
+        r["loaded"] / r["baseline"]
+        for _, r in sorted(rounds.items())
+        if r.get("baseline") and r.get("loaded") is not None
+    ]
+
+
 def compare(result, tolerance, slack_ms):
     checks = []
     noise = noise_floor(result)
 
-    def check(name, baseline, loaded, higher_is_better, unit="", noise_key=None):
+    def check(name, baseline, loaded, higher_is_better, unit="", noise_key=None, paired=()):
+        """``paired``: the rounds' ratios (--in-turn); their median decides,
+        else the ratio of ``loaded`` to ``baseline`` (medians of all passes)."""
         if baseline is None or loaded is None or not baseline:
             return
         moved = noise.get(noise_key)
-        ratio = loaded / baseline
+        pooled = loaded / baseline
+        ratio = median(paired) if paired else pooled
+        of = f"median of {len(paired)} rounds' loaded/baseline" if paired else "loaded/baseline"
         if higher_is_better:
             ok = ratio >= 1.0 - tolerance
             rule = f">= {1.0 - tolerance:.2f}"
         else:
-            ok = loaded <= baseline * (1.0 + tolerance) + slack_ms
+            ok = ratio <= 1.0 + tolerance + slack_ms / baseline
             rule = f"<= {1.0 + tolerance:.2f}" + (f" (+{slack_ms:g} ms)" if slack_ms else "")
         checks.append(
             {
@@ -898,7 +925,9 @@ def compare(result, tolerance, slack_ms):
                 "baseline": baseline,
                 "loaded": loaded,
                 "ratio": ratio,
-                "rule": f"loaded/baseline {rule}",
+                "pooled_ratio": pooled,
+                "paired_ratios": list(paired),
+                "rule": f"{of} {rule}",
                 "unit": unit,
                 "passed": ok,
                 # baseline2 / baseline: beyond the tolerance, the machine was
@@ -914,6 +943,7 @@ def compare(result, tolerance, slack_ms):
         base, load = drains.get(f"baselines/{topic}"), drains.get(f"loaded/{topic}")
         if base and load:
             label = "atomic=True" if atomic else "atomic=False"
+            runs = [r for r in result["drain_runs"] if r["topic"] == topic]
             check(
                 f"worker jobs/s, {label}",
                 base["jobs_per_s"],
@@ -921,6 +951,7 @@ def compare(result, tolerance, slack_ms):
                 True,
                 "jobs/s",
                 f"worker jobs/s, {topic}",
+                paired_ratios(runs, lambda r: r["jobs_per_s"]),
             )
             check(
                 f"worker claim mean, {label}",
@@ -929,6 +960,7 @@ def compare(result, tolerance, slack_ms):
                 False,
                 "ms",
                 f"worker claim mean, {topic}",
+                paired_ratios(runs, lambda r: r["claim_mean_ms"]),
             )
     claims = result.get("claims", [])
     loaded_claims = {}  # scenario -> its loaded passes (several with --in-turn)
@@ -950,6 +982,10 @@ def compare(result, tolerance, slack_ms):
                 False,
                 "ms",
                 f"claim p50, {scenario}",
+                paired_ratios(
+                    [b for b in claims if b["scenario"] == scenario],
+                    lambda b: tp.percentile(b["times_ms"], 50),
+                ),
             )
             first = next(
                 b for b in claims if b["state"] == "baseline" and b["scenario"] == scenario
@@ -1104,8 +1140,9 @@ def print_report(result):
     claims = result.get("claims", [])
     if claims:
         print(
-            f"\nlifecycle.claim() in this process, {claims[0]['calls']} calls per scenario "
-            "(ms; buffers and index from EXPLAIN (ANALYZE, BUFFERS) of the captured statements)"
+            f"\nlifecycle.claim() in this process, {claims[0]['calls']} calls of the full"
+            f" scenario, {claims[-1]['calls']} of each other"
+            " (ms; buffers and index from EXPLAIN (ANALYZE, BUFFERS) of the captured statements)"
         )
         print(
             tp.table(
@@ -1189,12 +1226,18 @@ def print_report(result):
         )
         for name, ratio in noise.items():
             print(f"  {name:40} {ratio:.3f}")
-    print("\nChecks (baseline: both baseline passes pooled; median of the runs, p50 of the calls):")
+    print(
+        "\nChecks (baseline: both baseline passes pooled; median of the runs, p50 of the calls;"
+        " with --in-turn the ratio is the median of the rounds' ratios, and 'pooled' the"
+        " ratio of the two columns):"
+    )
     for c in result["checks"]:
+        pooled = f", pooled {c['pooled_ratio']:.3f}" if c.get("paired_ratios") else ""
         print(
             f"  {'PASS' if c['passed'] else 'FAIL'}  {c['check']:48} baseline "
             f"{fmt_value(c['baseline'], c['unit']):>9}  loaded "
-            f"{fmt_value(c['loaded'], c['unit']):>9}  ratio {fmt_ratio(c['ratio'])}  ({c['rule']})"
+            f"{fmt_value(c['loaded'], c['unit']):>9}  ratio {fmt_ratio(c['ratio'])}{pooled}"
+            f"  ({c['rule']})"
         )
         if c.get("server_side"):
             print(f"        {c['server_side']}")
@@ -1225,8 +1268,9 @@ def use_database(ctx, url):
         connections[alias].settings_dict["NAME"] = tp.database_name(target)
 
 
-def measure_state(ctx, args, result, topics, state, repeat, index=0):
-    """The drains and the in-process claims of one state, on ctx's database."""
+def measure_state(ctx, args, result, topics, state, repeat, index=0, paired_round=None):
+    """The drains and the in-process claims of one state, on ctx's database
+    (``paired_round``: --in-turn's round, recorded with each figure)."""
     # The fill (or the previous state) leaves dirty pages and WAL behind:
     # flush them now rather than in a checkpoint during the measurements.
     execute("CHECKPOINT")
@@ -1234,6 +1278,7 @@ def measure_state(ctx, args, result, topics, state, repeat, index=0):
         for topic, atomic in topics:
             for i in range(repeat):
                 run = drain_run(ctx, state, topic, atomic, args.messages, index + i)
+                run.round = paired_round
                 result["drain_runs"].append(asdict(run))
                 print(
                     f"  {state:8} {topic:22} {run.jobs_per_s:8,.0f} jobs/s  claim mean "
@@ -1242,7 +1287,9 @@ def measure_state(ctx, args, result, topics, state, repeat, index=0):
                     file=sys.stderr,
                 )
     if "claims" not in args.skip:
-        result["claims"] += [asdict(c) for c in claim_scenarios(ctx, state)]
+        for claims in claim_scenarios(ctx, state):
+            claims.round = paired_round
+            result["claims"].append(asdict(claims))
 
 
 def fill_loaded_state(args, result):
@@ -1261,6 +1308,7 @@ class Context:
     worker_args: list
     metrics: bool
     claim_calls: int
+    sparse_claim_calls: int
     claim_batch: int
     claim_limit: int
 
@@ -1287,7 +1335,15 @@ def parse_args(argv):
         default="0",
         help="comma-separated priorities the delayed messages take in turn",
     )
-    parser.add_argument("--claim-calls", type=int, default=200, help="claims per scenario")
+    parser.add_argument(
+        "--claim-calls", type=int, default=200, help="claims of the full scenario (of a backlog)"
+    )
+    parser.add_argument(
+        "--sparse-claim-calls",
+        type=int,
+        default=1000,
+        help="claims of each scenario with few or no messages ready",
+    )
     parser.add_argument(
         "--claim-batch", type=int, default=100, help="what a claim asks for with a backlog"
     )
@@ -1320,12 +1376,14 @@ def parse_args(argv):
     parser.add_argument(
         "--in-turn",
         type=int,
-        default=0,
+        default=8,
         metavar="ROUNDS",
         help="keep the loaded state in a database of its own (the bench database's name +"
         " '_loaded') and measure baseline and loaded in turn, ROUNDS rounds of one drain per"
         " topic and the claims each (the baseline passes alternate as baseline and"
-        " baseline2); 0: baseline, loaded, baseline2 one after the other, --repeat drains each",
+        " baseline2); each check takes the median of the rounds' loaded/baseline ratios."
+        " 0: baseline, loaded, baseline2 one after the other, --repeat drains each, and the"
+        " ratios of the medians",
     )
     parser.add_argument("--keep-data", action="store_true", help="leave the last state in place")
     parser.add_argument("--keep-logs", action="store_true", help="keep the worker logs")
@@ -1336,8 +1394,14 @@ def parse_args(argv):
             f"the database {tp.database_name(args.database_url)!r} does not look like a bench "
             "database (its name must contain 'bench'): every run empties its queue tables"
         )
-    if min(args.messages, args.repeat, args.claim_calls, args.claim_batch) < 1:
-        parser.error("--messages, --repeat, --claim-calls and --claim-batch must be at least 1")
+    if (
+        min(args.messages, args.repeat, args.claim_calls, args.sparse_claim_calls, args.claim_batch)
+        < 1
+    ):
+        parser.error(
+            "--messages, --repeat, --claim-calls, --sparse-claim-calls and --claim-batch"
+            " must be at least 1"
+        )
     if args.in_turn < 0:
         parser.error("--in-turn must be 0 or more")
     if args.in_turn and {"baseline", "loaded", "baseline2"} & set(args.skip):
@@ -1410,6 +1474,7 @@ def main(argv=None):
             worker_args=worker_args,
             metrics=metrics,
             claim_calls=args.claim_calls,
+            sparse_claim_calls=args.sparse_claim_calls,
             claim_batch=args.claim_batch,
             claim_limit=worker_claim_limit(worker_args),
         )
@@ -1438,7 +1503,7 @@ def main(argv=None):
                 passes = [("baseline" if n % 2 == 0 else "baseline2", url), ("loaded", loaded_url)]
                 for state, db in passes if n % 2 == 0 else reversed(passes):
                     use_database(ctx, db)
-                    measure_state(ctx, args, result, topics, state, 1, index=n)
+                    measure_state(ctx, args, result, topics, state, 1, index=n, paired_round=n)
             if not args.keep_data:
                 tp.truncate()  # the loaded database
             use_database(ctx, url)
