@@ -74,6 +74,21 @@ def test_enqueue_many_rejects_the_whole_batch_and_names_the_bad_message(kwargs, 
     assert Message.objects.count() == 0
 
 
+@pytest.mark.parametrize(("kwargs", "words"), BAD, ids=[words for _, words in BAD])
+def test_enqueue_many_rejects_bad_defaults_as_the_first_message(kwargs, words):
+    """The defaults are checked once for all messages that give nothing else;
+    their error reads as it would from each message."""
+    with pytest.raises(InvalidMessage, match=r"^message 0: "):
+        enqueue_many([{}, {}], **kwargs)
+    assert Message.objects.count() == 0
+
+
+def test_enqueue_many_names_a_bad_payload_among_payload_only_messages():
+    with pytest.raises(InvalidMessage, match=r"^message 2: payload is not JSON-serializable"):
+        enqueue_many([{"payload": 1}, {}, {"payload": object()}], topic="t")
+    assert Message.objects.count() == 0
+
+
 def test_enqueue_rejects_an_unknown_keyword():
     with pytest.raises(TypeError, match="unexpected keyword argument 'dealy'"):
         enqueue("t", {}, dealy=5)

@@ -387,7 +387,8 @@ def test_dedup_against_a_concurrent_uncommitted_enqueue_waits_for_it(other_conne
 
 @pytest.mark.django_db
 def test_enqueue_many_writes_all_rows_in_one_statement_and_returns_them():
-    items = [{"payload": {"n": n}} for n in range(1000)]
+    size = producer.STREAM_CHUNK - 1  # the most one INSERT takes
+    items = [{"payload": {"n": n}} for n in range(size)]
     items[10]["priority"] = 5
     items[20]["topic"] = "other.topic"
     with CaptureQueriesContext(connections["default"]) as queries:
@@ -395,15 +396,26 @@ def test_enqueue_many_writes_all_rows_in_one_statement_and_returns_them():
     inserts = [q["sql"] for q in queries.captured_queries if q["sql"].lstrip().startswith("INSERT")]
     assert len(inserts) == 1, f"expected one INSERT, got {len(inserts)}"
     assert len(queries.captured_queries) == 1, "nothing else should be queried"
-    assert [m.payload for m in messages] == [{"n": n} for n in range(1000)]
+    assert [m.payload for m in messages] == [{"n": n} for n in range(size)]
     assert all(m.created for m in messages)
     ids = [m.pk for m in messages]
     assert ids == sorted(ids), "messages come back in input order"
     stored = {m.pk: m for m in Message.objects.filter(pk__in=ids)}
-    assert len(stored) == 1000
+    assert len(stored) == size
     assert stored[ids[10]].priority == 5
     assert stored[ids[20]].topic == "other.topic"
     assert {m.queue for m in stored.values()} == {"bulk"}
+
+
+@pytest.mark.django_db
+def test_enqueue_many_gives_each_message_its_own_headers_unless_the_caller_shares_one():
+    first, second = enqueue_many([{"payload": 1}, {"payload": 2}], topic="t")
+    first.headers["trace"] = "x"
+    assert second.headers == {}
+    shared = {"source": "import"}
+    a, b = enqueue_many([{"payload": 1}, {"payload": 2}], topic="t", headers=shared)
+    assert a.headers is shared and b.headers is shared  # as the caller gave it
+    assert {m.headers["source"] for m in Message.objects.filter(pk__in=[a.pk, b.pk])} == {"import"}
 
 
 @pytest.mark.django_db
