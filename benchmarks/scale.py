@@ -495,6 +495,10 @@ class ClaimScenario:
     plans: list = field(default_factory=list)
     times_ms: list = field(default_factory=list)
     round: int | None = None  # as DrainRun.round
+    # pg_prepared_statements of the claim's statement after the calls: how
+    # often PostgreSQL ran its generic plan and how often it planned anew
+    generic_plans: int | None = None
+    custom_plans: int | None = None
 
 
 def claim_scenarios(ctx, state):
@@ -529,6 +533,7 @@ def claim_scenarios(ctx, state):
             )
         summaries = explain(statements)
         times = []
+        before = prepared_claim_plans()
         for _ in range(calls):
             if setup_each:
                 setup_each()
@@ -546,6 +551,8 @@ def claim_scenarios(ctx, state):
                 execute(
                     f"DELETE FROM {MESSAGE_TABLE} WHERE id = ANY(%s)", [[m.pk for m in messages]]
                 )
+        after = prepared_claim_plans()
+        plan_counts = [a - b for a, b in zip(after, before, strict=True)]
         result = ClaimScenario(
             state=state,
             scenario=scenario,
@@ -563,12 +570,15 @@ def claim_scenarios(ctx, state):
             plan_execution_ms=sum(s["execution_ms"] or 0 for s in summaries),
             plans=summaries,
             times_ms=[round(t, 4) for t in times],
+            generic_plans=plan_counts[0],
+            custom_plans=plan_counts[1],
         )
         results.append(result)
         print(
             f"  {state:8} claim {scenario:18} p50 {result.p50_ms:7.3f} ms  p99"
             f" {result.p99_ms:7.3f} ms  {result.plan_buffers:6} buffers"
-            f"  {','.join(result.plan_indexes)}",
+            f"  {','.join(result.plan_indexes)}  generic/custom plans"
+            f" {result.generic_plans}/{result.custom_plans}",
             file=sys.stderr,
         )
 
@@ -602,6 +612,20 @@ def claim_scenarios(ctx, state):
     measure("empty", f"nothing ready, asks {small}", small, 0, few_ready=True)
     delete_bench_rows()
     return results
+
+
+def prepared_claim_plans():
+    """(generic_plans, custom_plans) summed over the claim statements this
+    connection has prepared (psycopg prepares one after prepare_threshold
+    calls): the difference across the timed calls tells how often PostgreSQL
+    ran a cached generic plan and how often it planned the claim anew."""
+    with queue_connection().cursor() as cursor:
+        cursor.execute(
+            "SELECT coalesce(sum(generic_plans), 0), coalesce(sum(custom_plans), 0)"
+            " FROM pg_prepared_statements WHERE statement LIKE %s",
+            [f"%UPDATE %{MESSAGE_TABLE}% AS m SET status = 'processing'%"],
+        )
+        return tuple(int(n) for n in cursor.fetchone())
 
 
 def _first_call_skipped(fn):

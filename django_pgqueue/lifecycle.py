@@ -472,7 +472,11 @@ def claim_statement(
 # takes it when its estimate is no worse than the custom plans'), where a
 # text per size is planned again on each of its first ten calls (psycopg's
 # prepare threshold, then PostgreSQL's five custom plans) and most sizes
-# never get that far; planning is what grows with a large table.
+# never get that far; planning is what grows with a large table. (With a
+# backlog of ready messages PostgreSQL still prefers custom plans here, by
+# a hair: its generic estimate for an unknown queue is a few percent above
+# the custom plan plus planning, so a full claim is planned each time, 0.1
+# to 0.3 ms; benchmarks/scale.py's EXPLAIN shows the planning time.)
 #
 # Except in a claim that expects few messages (few_ready, after a claim came
 # back short): that one writes its limit into the text. Its size is nearly
