@@ -476,7 +476,7 @@ def claim_statement(
 # backlog of ready messages PostgreSQL still prefers custom plans here, by
 # a hair: its generic estimate for an unknown queue is a few percent above
 # the custom plan plus planning, so a full claim is planned each time, 0.1
-# to 0.3 ms; benchmarks/scale.py's EXPLAIN shows the planning time.)
+# to 0.3 ms: benchmarks/scale.py counts the generic and custom plans.)
 #
 # Except in a claim that expects few messages (few_ready, after a claim came
 # back short): that one writes its limit into the text. Its size is nearly

@@ -174,6 +174,7 @@ def _validated_rows(messages, defaults, known):
     # rest comes from ``defaults``, checked once here instead of per message.
     # (If they are wrong, the first message reports it, as it would anyway.)
     shared = None
+    fresh_headers = base.get("headers") is None  # each message gets a {} of its own
     if "topic" in base:
         try:
             shared = _validate(base)
@@ -186,7 +187,8 @@ def _validated_rows(messages, defaults, known):
             )
         try:
             if shared is not None and item.keys() <= _PAYLOAD_ONLY:
-                yield shared.with_payload(item.get("payload"))
+                headers = {} if fresh_headers else shared.headers
+                yield shared.with_payload(item.get("payload"), headers)
                 continue
             if not item.keys() <= known:
                 unknown = sorted(set(item) - known)
@@ -225,25 +227,22 @@ def _insert_stream(rows, alias):
             _insert(messages, chunk, alias)
         return messages
     connection = connections[alias]
-    messages, all_rows, skipped = [], [], []
-
-    def read(offset, size, cursor, dedup):
-        """A sent chunk's returned rows into its messages."""
-        with cursor:
-            returned = sorted(cursor.fetchall())
-        chunk_messages = messages[offset : offset + size]
-        skipped.extend(offset + i for i in _match_returned(chunk_messages, returned, dedup, alias))
-
+    messages, all_rows, sent = [], [], []
     with transaction.atomic(using=alias):
         with connection.wrap_database_errors, connection.connection.pipeline():
-            sent = []
             while chunk:
                 sent.append((len(messages), len(chunk), *_send_insert(connection, chunk)))
                 messages += [_unsaved_message(row) for row in chunk]
                 all_rows += chunk
                 chunk = list(itertools.islice(rows, STREAM_CHUNK))
-            for chunk_sent in sent:
-                read(*chunk_sent)
+            skipped = []
+            for offset, size, cursor, dedup in sent:
+                with cursor:
+                    returned = sorted(cursor.fetchall())
+                chunk_messages = messages[offset : offset + size]
+                skipped += [
+                    offset + i for i in _match_returned(chunk_messages, returned, dedup, alias)
+                ]
         _insert(messages, all_rows, alias, first_skipped=skipped)
     return messages
 
@@ -442,16 +441,14 @@ class _Row:
     max_attempts: int | None
     dedup_key: str | None
     group_key: str | None
-    headers_given: bool = True
 
-    def with_payload(self, payload):
-        """This row with another payload (checked here); a headers dict that
-        the caller did not give is a new one, as _validate makes for each."""
+    def with_payload(self, payload, headers):
+        """This row with another payload (checked here) and headers dict."""
         return _Row(
             self.queue,
             self.topic,
             payload,
-            self.headers if self.headers_given else {},
+            headers,
             _to_json("payload", payload),
             self.headers_json,
             self.priority,
@@ -460,7 +457,6 @@ class _Row:
             self.max_attempts,
             self.dedup_key,
             self.group_key,
-            self.headers_given,
         )
 
     def values(self):
@@ -511,8 +507,7 @@ def _validate(fields):
     payload = fields.get("payload")
     payload_json = _to_json("payload", payload)
     headers = fields.get("headers")
-    headers_given = headers is not None
-    if not headers_given:
+    if headers is None:
         headers = {}
     if not isinstance(headers, dict) or not all(isinstance(k, str) for k in headers):
         raise InvalidMessage("headers must be a dict with string keys")
@@ -564,7 +559,6 @@ def _validate(fields):
         max_attempts=max_attempts,
         dedup_key=dedup_key,
         group_key=group_key,
-        headers_given=headers_given,
     )
 
 
