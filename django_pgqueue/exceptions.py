@@ -55,6 +55,13 @@ class HandlerTimeout(PgQueueError):
     """The handler ran past its timeout; its late result is discarded."""
 
 
+class WorkerLost(PgQueueError):
+    """The run ended with no outcome: its worker died or lost the lease.
+
+    Never raised: it names such a run's error where an exception class is
+    expected (a Django task's ``TaskResult.errors``)."""
+
+
 # --- streams (the transactional outbox) ---------------------------------------------
 
 

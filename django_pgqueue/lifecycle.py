@@ -142,7 +142,13 @@ GROUP_LOCK_SQL = "SELECT pg_advisory_xact_lock(1885827431, hashtext(%s))"
 MAINTENANCE_LOCK_SQL = "SELECT pg_try_advisory_xact_lock(%s)"
 MAINTENANCE_LOCK_KEY = 0x70677175  # "pgqu"
 
+# The first words of the error a rescued run records (lifecycle.rescue_expired):
+# its worker stopped beating; its worker beats but the lease ran out; or the
+# row had no lease at all.
 WORKER_LOST = "worker lost"
+LEASE_EXPIRED = "lease expired"
+LEASE_MISSING = "lease missing"
+LOST_RUN_REASONS = (WORKER_LOST, LEASE_EXPIRED, LEASE_MISSING)
 
 
 @dataclass(frozen=True)
@@ -888,55 +894,121 @@ def rescue_expired(now=None, limit=1000):
     with the failure recorded and the attempt counted; dead-letter those that
     have used up their attempts.
 
+    A ``processing`` row without a lease (constraint
+    ``pgqueue_msg_processing_has_lease`` forbids it; a row from before it, or
+    written with the constraint dropped) counts as expired: nothing else
+    would ever return it.
+
     Rows are locked with SKIP LOCKED and re-checked in the UPDATE's WHERE, so
-    a message being acknowledged right now is left alone.
+    a message being acknowledged right now is left alone. Each requeued
+    message sends ``message_retried`` with ``lost=True`` after the commit
+    (a dead-lettered one sends ``dead_lettered``): a lost run is an attempt,
+    and every receiver sees it.
     """
     using = alias()
     now_value = now or Now()
+    expired_lease = (
+        Q(lease_expires_at__lt=now_value)
+        | Q(lease_expires_at__isnull=True)
+        | Q(lease_token__isnull=True)
+    )
     with worker_transaction(using):
         expired = list(
             Message.objects.using(using)
             .select_for_update(skip_locked=True)
-            .filter(status=Status.PROCESSING, lease_expires_at__lt=now_value)
+            .filter(expired_lease, status=Status.PROCESSING)
             .defer("payload", "headers")  # not needed, and maybe not loadable
-            .order_by("lease_expires_at")[:limit]
+            .order_by(F("lease_expires_at").asc(nulls_first=True))[:limit]
         )
+        beats = _last_beats({m.locked_by for m in expired if m.locked_by}, using)
         requeue, exhausted = [], []
         for message in expired:
             spec = registry.lookup(message.topic)
             limit_reached = message.attempts >= policy.max_attempts_for(message, spec)
             (exhausted if limit_reached else requeue).append(message)
         for message in requeue:
-            error = f"{WORKER_LOST}: the lease of {message.locked_by or 'a worker'} expired"
-            _leased(message, using).filter(lease_expires_at__lt=now_value).update(
-                status=Status.WAITING,
-                run_at=now_value,
-                lease_token=None,
-                lease_expires_at=None,
-                locked_by="",
-                last_error=error,
-                last_error_category=Category.TRANSIENT,
-                first_failed_at=Coalesce("first_failed_at", now_value),
-                updated_at=now_value,
+            error = _lost_reason(message, beats)
+            updated = (
+                Message.objects.using(using)
+                .filter(expired_lease, pk=message.pk, status=Status.PROCESSING)
+                .filter(Q(lease_token=message.lease_token) | Q(lease_token__isnull=True))
+                .update(
+                    status=Status.WAITING,
+                    run_at=now_value,
+                    lease_token=None,
+                    lease_expires_at=None,
+                    locked_by="",
+                    last_error=error,
+                    last_error_category=Category.TRANSIENT,
+                    first_failed_at=Coalesce("first_failed_at", now_value),
+                    updated_at=now_value,
+                )
             )
+            if not updated:  # cannot happen under the row lock; said, not assumed
+                continue
             logger.warning(
                 "Message id=%s topic=%s attempt=%s rescued: %s",
                 message.pk,
                 message.topic,
                 message.attempts,
                 error,
-                extra=_log_extra(message, state="rescued"),
+                extra=_log_extra(message, state="rescued", worker=message.locked_by),
+            )
+            transaction.on_commit(
+                functools.partial(
+                    signals.send,
+                    signals.message_retried,
+                    sender=Message,
+                    message=message,
+                    category=Category.TRANSIENT,
+                    reason=error,
+                    delay=0.0,
+                    worker=message.locked_by,
+                    lost=True,
+                ),
+                using=using,
             )
         for message in exhausted:
             dead_letter(
                 message,
                 Category.TRANSIENT,
-                f"{WORKER_LOST}: the lease of {message.locked_by or 'a worker'} expired "
-                f"on the last of {message.attempts} attempts",
+                f"{_lost_reason(message, beats)} on the last of {message.attempts} attempts",
                 worker=message.locked_by,
                 now=now,
             )
     return RescueResult(requeued=len(requeue), dead_lettered=len(exhausted))
+
+
+def _last_beats(worker_ids, using):
+    """{worker id: its last heartbeat} of those of ``worker_ids`` that have a row."""
+    if not worker_ids:
+        return {}
+    return dict(
+        WorkerHeartbeat.objects.using(using)
+        .filter(worker_id__in=worker_ids)
+        .values_list("worker_id", "heartbeat_at")
+    )
+
+
+def _lost_reason(message, beats):
+    """Why ``message``'s run ended without an outcome: its worker stopped
+    beating, or kept beating but could not keep the lease; or it never had
+    a lease."""
+    if message.lease_token is None or message.lease_expires_at is None:
+        return f"{LEASE_MISSING}: processing without a lease (locked by {message.locked_by!r})"
+    beat = beats.get(message.locked_by)
+    if beat is not None and beat > message.lease_expires_at:
+        # The worker beat after the lease ran out, so it was alive: the
+        # heartbeat extends leases with SKIP LOCKED, and a row that another
+        # transaction kept locked past the lease (the handler's own
+        # acknowledgement waiting on a lock, a long admin edit) expires
+        # under a worker that is alive and well.
+        return (
+            f"{LEASE_EXPIRED}: the lease of {message.locked_by} expired while that worker "
+            "was still alive (its heartbeat could not extend it: the row was locked by "
+            "another transaction, or the worker could not reach the database in time)"
+        )
+    return f"{WORKER_LOST}: the lease of {message.locked_by or 'a worker'} expired"
 
 
 def try_maintenance_lock():

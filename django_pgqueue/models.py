@@ -165,6 +165,14 @@ class Message(models.Model):
             models.CheckConstraint(
                 condition=~Q(topic="") & ~Q(queue=""), name="pgqueue_msg_names_not_empty"
             ),
+            # A leased row always has its lease: the rescue finds a dead
+            # worker's rows by their expiry, and a row without one would wait
+            # in "processing" forever (migration 0013 expires any it finds).
+            models.CheckConstraint(
+                condition=~Q(status=Status.PROCESSING)
+                | Q(lease_token__isnull=False, lease_expires_at__isnull=False),
+                name="pgqueue_msg_processing_has_lease",
+            ),
         ]
 
     def __str__(self):
@@ -350,6 +358,13 @@ class TaskRecord(models.Model):
     worker_ids = models.JSONField(db_default=[], blank=True)
     message_id = models.BigIntegerField(
         null=True, blank=True, help_text="Its message (the latest one, after a revive)."
+    )
+    started_lease = models.UUIDField(
+        null=True,
+        blank=True,
+        help_text="The lease of the latest run whose task function began: its message "
+        "reads RUNNING only while it holds this lease (a claimed run that has not "
+        "begun is still READY).",
     )
 
     class Meta:

@@ -32,15 +32,17 @@ import builtins
 import dataclasses
 import datetime
 import logging
+import os
 import threading
 import traceback
 import uuid
 from collections import OrderedDict
 
+import psycopg
 from django.apps import apps
 from django.conf import settings
 from django.core import checks
-from django.db import DEFAULT_DB_ALIAS, transaction
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.dispatch import receiver
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
@@ -50,7 +52,7 @@ from django.utils import timezone
 from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 
-from . import conf, policy, producer, registry, signals
+from . import conf, lifecycle, policy, producer, registry, signals
 from .exceptions import InvalidMessage, Permanent, Retry
 from .models import Category, DeadLetter, DeadLetterState, Message, Status, TaskRecord, TaskStatus
 
@@ -294,22 +296,28 @@ def run_task(message):
         raise Permanent(
             f"task message without a task record (result_id={payload.get('result_id')!r})"
         ) from None
-    task = _load_task(payload.get("task", record.task_path), record)
+    try:
+        # Committed at once, outside the handler's transaction: from here on
+        # readers see RUNNING, and a run lost with this worker still counts.
+        worker_ids, started_at, now = _mark_started(record.pk, message, using)
+        task = _load_task(payload.get("task", record.task_path), record)
+    except BaseException as exc:
+        _stash_error(message, _task_error(exc))
+        raise
     args, kwargs = payload.get("args", record.args), payload.get("kwargs", record.kwargs)
-    now = timezone.now()
     attempt = TaskResult(
         task=task,
         id=str(record.pk),
         status=TaskResultStatus.RUNNING,
         enqueued_at=record.enqueued_at,
-        started_at=record.started_at or now,
+        started_at=started_at,
         last_attempted_at=now,
         finished_at=None,
         args=args,
         kwargs=kwargs,
         backend=record.backend,
         errors=_errors(record.errors),
-        worker_ids=[*record.worker_ids, message.locked_by],
+        worker_ids=worker_ids,
     )
     backend_class = type(task.get_backend())
     task_started.send(sender=backend_class, task_result=attempt)
@@ -319,19 +327,16 @@ def run_task(message):
         else:
             value = task.call(*args, **kwargs)
         value = normalize_json(value)
-    except Exception as exc:
+    except BaseException as exc:  # noqa: BLE001  (SystemExit & co. are failures too)
         error = _task_error(exc)
-        _stash_error(message, error, now)
+        _stash_error(message, error)
         _raise_with_backoff(exc, error, task, attempt, message)
         raise
     finished = timezone.now()
     TaskRecord.objects.using(using).filter(pk=record.pk).update(
         status=TaskStatus.SUCCESSFUL,
         return_value=value,
-        started_at=attempt.started_at,
-        last_attempted_at=now,
         finished_at=finished,
-        worker_ids=attempt.worker_ids,
         args=attempt.args,
         kwargs=attempt.kwargs,
         message_id=message.pk,
@@ -342,6 +347,94 @@ def run_task(message):
     transaction.on_commit(
         lambda: task_finished.send(sender=backend_class, task_result=attempt), using=using
     )
+
+
+# Marks a run as begun (see _mark_started). The worker's id is appended once
+# per lease, however often the handler runs under it (an atomic batch that
+# rolls back runs its handlers again, one by one).
+MARK_STARTED_SQL = """
+UPDATE {table} SET
+    worker_ids = CASE WHEN started_lease IS NOT DISTINCT FROM %(lease)s THEN worker_ids
+                      ELSE worker_ids || jsonb_build_array(%(worker)s::text) END,
+    started_at = COALESCE(started_at, %(now)s),
+    last_attempted_at = CASE WHEN started_lease IS NOT DISTINCT FROM %(lease)s
+                             THEN last_attempted_at ELSE %(now)s END,
+    started_lease = %(lease)s
+WHERE id = %(id)s
+RETURNING worker_ids, started_at, last_attempted_at
+"""
+
+# A handler's own transaction is open while its start is marked: the mark
+# waits at most this long for the record's row lock (held only by another
+# transaction writing the same record), then fails the attempt (retried)
+# rather than hang.
+MARK_STARTED_LOCK_TIMEOUT_MS = 10_000
+
+
+def _mark_started(record_id, message, using):
+    """Record, committed at once, that the task's function of ``message``
+    begins now under its lease, on a connection of the thread's own (the
+    handler's transaction would show it only at its end). Returns
+    (worker_ids, started_at, last_attempted_at) as they now are."""
+    now = timezone.now()
+    params = {
+        "id": record_id,
+        "lease": message.lease_token,
+        "worker": message.locked_by,
+        "now": now,
+    }
+    sql = MARK_STARTED_SQL.format(table=_quoted_table(using))
+    for attempt in (1, 2):
+        conn = _side_connection(using)
+        try:
+            row = conn.execute(sql, params).fetchone()
+            break
+        except psycopg.OperationalError:
+            _close_side_connection(using)  # broken (a restart, a dropped connection)
+            if attempt == 2:
+                raise
+    if row is None:
+        raise Permanent(f"the task record {record_id} was deleted while its task was claimed")
+    return row
+
+
+_side = threading.local()
+
+
+class _SideConnection:
+    """A thread's own autocommit connection to the queue's database, closed
+    when the thread ends (its thread-local slot is freed)."""
+
+    def __init__(self, using):
+        params = connections[using].get_connection_params()
+        params.pop("cursor_factory", None)
+        params.pop("context", None)
+        params["application_name"] = f"pgqueue_tasks#{os.getpid()}"
+        self.conn = psycopg.connect(**params, autocommit=True)
+        self.conn.execute(f"SET lock_timeout = {MARK_STARTED_LOCK_TIMEOUT_MS}")
+
+    def __del__(self):
+        self.conn.close()
+
+
+def _side_connection(using):
+    held = getattr(_side, "connections", None)
+    if held is None:
+        held = _side.connections = {}
+    side = held.get(using)
+    if side is None or side.conn.closed:
+        side = held[using] = _SideConnection(using)
+    return side.conn
+
+
+def _close_side_connection(using):
+    side = getattr(_side, "connections", {}).pop(using, None)
+    if side is not None:
+        side.conn.close()
+
+
+def _quoted_table(using):
+    return connections[using].ops.quote_name(TaskRecord._meta.db_table)
 
 
 def _load_task(path, record):
@@ -397,9 +490,9 @@ _stash_lock = threading.Lock()
 _STASH_MAX = 10_000
 
 
-def _stash_error(message, error, attempted_at):
+def _stash_error(message, error):
     with _stash_lock:
-        _stash[(message.pk, message.attempts)] = (error, attempted_at, message.locked_by)
+        _stash[(message.pk, message.attempts)] = error
         while len(_stash) > _STASH_MAX:
             _stash.popitem(last=False)
 
@@ -410,25 +503,27 @@ def _take_stashed(message_id, attempts):
 
 
 @receiver(signals.message_retried, dispatch_uid="django_pgqueue.tasks.retried")
-def _on_retried(sender, message, reason="", worker="", **kwargs):
+def _on_retried(sender, message, reason="", worker="", lost=False, **kwargs):
     if message.topic != TASK_TOPIC:
         return
-    stashed = _take_stashed(message.pk, message.attempts)
-    if stashed is None:
-        stashed = (_error_from_text(reason, ""), None, worker)
-    _record_failed_attempt(message.payload, message.pk, *stashed)
+    error = _take_stashed(message.pk, message.attempts)
+    if error is None:
+        error = _lost_run_error(reason, worker) if lost else _error_from_text(reason, "")
+    _record_failed_attempt(message.payload, message.pk, error)
 
 
 @receiver(signals.dead_lettered, dispatch_uid="django_pgqueue.tasks.dead_lettered")
 def _on_dead_lettered(sender, dead_letter, message_id, **kwargs):
     if dead_letter.topic != TASK_TOPIC:
         return
-    stashed = _take_stashed(message_id, dead_letter.attempts)
-    if stashed is None:
-        error = _error_from_text(dead_letter.reason, dead_letter.traceback)
-        stashed = (error, dead_letter.last_failed_at, dead_letter.worker)
+    error = _take_stashed(message_id, dead_letter.attempts)
+    if error is None:
+        if dead_letter.reason.startswith(lifecycle.LOST_RUN_REASONS):
+            error = _lost_run_error(dead_letter.reason, dead_letter.worker)
+        else:
+            error = _error_from_text(dead_letter.reason, dead_letter.traceback)
     record = _record_failed_attempt(
-        dead_letter.payload, message_id, *stashed, finished_at=dead_letter.dead_lettered_at
+        dead_letter.payload, message_id, error, finished_at=dead_letter.dead_lettered_at
     )
     if record is not None:
         result = _result_from_record(record, conf.get("DATABASE"))
@@ -436,14 +531,13 @@ def _on_dead_lettered(sender, dead_letter, message_id, **kwargs):
             task_finished.send(sender=type(result.task.get_backend()), task_result=result)
 
 
-def _record_failed_attempt(payload, message_id, error, attempted_at, worker, finished_at=None):
-    """Append a failed attempt to the task's record (FAILED when
-    ``finished_at``); returns the record, or None."""
+def _record_failed_attempt(payload, message_id, error, finished_at=None):
+    """Append a failed attempt's error to the task's record (FAILED when
+    ``finished_at``); returns the record, or None. (The run's worker and
+    times were recorded when it began: _mark_started.)"""
     if not isinstance(payload, dict) or "result_id" not in payload:
         return None
     using = conf.get("DATABASE")
-    now = timezone.now()
-    attempted_at = attempted_at or now
     with transaction.atomic(using=using):
         record = (
             TaskRecord.objects.using(using)
@@ -456,11 +550,6 @@ def _record_failed_attempt(payload, message_id, error, attempted_at, worker, fin
         record.errors = [*record.errors, _error_json(error)]
         record.message_id = message_id
         fields = ["errors", "message_id"]
-        if worker:  # an attempt ran (not a move to the dead letters by hand)
-            record.worker_ids = [*record.worker_ids, worker]
-            record.started_at = record.started_at or attempted_at
-            record.last_attempted_at = attempted_at
-            fields += ["worker_ids", "started_at", "last_attempted_at"]
         if finished_at is not None and record.status != TaskStatus.SUCCESSFUL:
             record.status, record.finished_at = TaskStatus.FAILED, finished_at
             fields += ["status", "finished_at"]
@@ -481,12 +570,15 @@ def _result_from_record(record, using):
         message, dead = _current(record.message_id, using)
         if message is not None:
             finished_at = None
-            if message.status == Status.PROCESSING:
+            if (
+                message.status == Status.PROCESSING
+                and record.started_lease is not None
+                and message.lease_token == record.started_lease
+            ):
+                # Its function began under the lease the message still holds
+                # (a claimed message waiting in a worker's batch is READY).
                 status = TaskStatus.RUNNING
-                worker_ids.append(message.locked_by)
-                last_attempted_at = message.updated_at  # when it was claimed
-                started_at = started_at or last_attempted_at
-            elif message.status == Status.WAITING:
+            else:
                 status = TaskStatus.READY
         elif dead is not None:
             status = TaskStatus.FAILED
@@ -580,6 +672,19 @@ def _error_from_text(reason, trace):
     else:
         path = "django_pgqueue.exceptions.PgQueueError"
     return TaskError(exception_class_path=path, traceback=trace or reason or "")
+
+
+def _lost_run_error(reason, worker):
+    """The error of a run that ended with no outcome (its worker was killed,
+    or lost its lease): there is no exception and no traceback."""
+    return TaskError(
+        exception_class_path="django_pgqueue.exceptions.WorkerLost",
+        traceback=(
+            f"The run was lost with its worker {worker or '(unknown)'}: {reason}\n"
+            "No traceback exists: the task's function never returned or raised in a "
+            "process that could report it."
+        ),
+    )
 
 
 def _error_json(error):

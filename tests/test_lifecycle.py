@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from django_pgqueue import lifecycle, maintenance
 from django_pgqueue.models import Category, DeadLetter, Message, Status
-from django_pgqueue.signals import dead_lettered
+from django_pgqueue.signals import dead_lettered, message_retried
 
 from .conftest import raw_connection
 
@@ -215,8 +215,11 @@ def test_claim_plan_does_not_read_finished_delayed_or_leased_rows(make_message):
     with connections["default"].cursor() as cursor:
         cursor.execute(
             """
-            INSERT INTO django_pgqueue_message (topic, payload, status, run_at)
-            SELECT 'bulk', '{}', s, now() + interval '1 hour'
+            INSERT INTO django_pgqueue_message
+                (topic, payload, status, run_at, lease_token, lease_expires_at)
+            SELECT 'bulk', '{}', s, now() + interval '1 hour',
+                CASE WHEN s = 'processing' THEN gen_random_uuid() END,
+                CASE WHEN s = 'processing' THEN now() + interval '1 hour' END
             FROM unnest(ARRAY['done', 'waiting', 'processing']) s, generate_series(1, 7000)
             """
         )
@@ -633,6 +636,126 @@ def test_rescue_leaves_alone_a_message_that_is_being_acknowledged(make_message):
         assert lifecycle.rescue_expired(now=NOW) == lifecycle.RescueResult(0, 0)
         acking.commit()
     assert reread(message) is None, "the ack won; the rescue did not resurrect the message"
+
+
+def test_a_rescued_run_sends_message_retried_after_the_commit(make_message):
+    lost = make_message(
+        status=Status.PROCESSING, lease_expires_at=NOW - SECOND, attempts=2, locked_by="gone"
+    )
+    got = []
+
+    def receive(sender, message, **kwargs):
+        # Sent after the commit: another connection sees the rescued row.
+        with raw_connection() as other:
+            status = other.execute(
+                "SELECT status FROM django_pgqueue_message WHERE id = %s", [message.pk]
+            ).fetchone()[0]
+        got.append((sender, message.pk, message.attempts, status, kwargs))
+
+    message_retried.connect(receive, weak=False)
+    try:
+        assert maintenance.run_once(now=NOW).rescued == 1
+    finally:
+        message_retried.disconnect(receive)
+    [(sender, pk, attempts, status, kwargs)] = got
+    assert (sender, pk, attempts, status) == (Message, lost.pk, 2, Status.WAITING)
+    assert kwargs["lost"] is True and kwargs["worker"] == "gone"
+    assert kwargs["category"] == Category.TRANSIENT and kwargs["delay"] == 0
+    assert kwargs["reason"] == "worker lost: the lease of gone expired"
+
+
+def test_a_processing_row_without_a_lease_is_refused_by_the_database(make_message):
+    from django.db import IntegrityError
+
+    leased = make_message(status=Status.PROCESSING)
+    for column in ("lease_token", "lease_expires_at"):
+        with pytest.raises(IntegrityError, match="pgqueue_msg_processing_has_lease"):
+            with transaction.atomic():
+                Message.objects.filter(pk=leased.pk).update(**{column: None})
+    with pytest.raises(IntegrityError, match="pgqueue_msg_processing_has_lease"):
+        with transaction.atomic():
+            make_message(status=Status.PROCESSING, lease_token=None)
+    waiting = make_message()
+    assert (waiting.lease_token, waiting.lease_expires_at) == (None, None), "only leased rows"
+
+
+@pytest.mark.parametrize("missing", ["lease_expires_at", "lease_token", "both"])
+def test_rescue_treats_a_processing_row_without_a_lease_as_expired(make_message, missing):
+    # Such a row predates the constraint (or was written with it dropped):
+    # the table is made to hold one, in this test's transaction only.
+    with transaction.atomic():
+        with connections["default"].cursor() as cursor:
+            cursor.execute(
+                "ALTER TABLE django_pgqueue_message "
+                "DROP CONSTRAINT pgqueue_msg_processing_has_lease"
+            )
+        orphan = make_message(status=Status.PROCESSING, attempts=1, locked_by="restored")
+        cleared = ["lease_expires_at", "lease_token"] if missing == "both" else [missing]
+        Message.objects.filter(pk=orphan.pk).update(**dict.fromkeys(cleared))
+        live = make_message(status=Status.PROCESSING, lease_expires_at=NOW + 60 * SECOND)
+        assert lifecycle.rescue_expired(now=NOW) == lifecycle.RescueResult(1, 0)
+        row = reread(orphan)
+        assert (row.status, row.attempts, row.lease_token) == (Status.WAITING, 1, None)
+        assert row.last_error.startswith("lease missing: processing without a lease")
+        assert reread(live).status == Status.PROCESSING
+        transaction.set_rollback(True)  # the constraint comes back
+
+
+def test_migration_0013_gives_leaseless_rows_an_expired_lease_for_the_rescue():
+    from django.db.migrations.executor import MigrationExecutor
+
+    connection = connections["default"]
+    executor = MigrationExecutor(connection)
+    latest = executor.loader.graph.leaf_nodes("django_pgqueue")
+    executor.migrate([("django_pgqueue", "0012_queue_index_cleanup")])
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "INSERT INTO django_pgqueue_message (topic, payload, status, attempts, locked_by)"
+                " VALUES ('t', '{}', 'processing', 1, 'old-version') RETURNING id"
+            )
+            orphan = cursor.fetchone()[0]
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.loader.build_graph()
+        executor.migrate(latest)
+    row = Message.objects.get(pk=orphan)
+    assert row.lease_token is not None and row.lease_expires_at <= timezone.now()
+    assert lifecycle.rescue_expired().requeued == 1
+    row = reread(row)
+    assert (row.status, row.attempts) == (Status.WAITING, 1)
+
+
+def test_rescue_says_when_the_lease_expired_under_a_worker_that_is_alive(make_message):
+    from django_pgqueue.models import WorkerHeartbeat
+
+    def beat(worker_id, at):
+        WorkerHeartbeat.objects.create(
+            worker_id=worker_id,
+            hostname="h",
+            pid=1,
+            queues=["default"],
+            concurrency=1,
+            heartbeat_at=at,
+            expires_at=at + 30 * SECOND,
+        )
+
+    # "busy" beat after its lease ran out: alive, the row was locked;
+    # "dead" last beat before its lease expired: the worker was lost.
+    beat("busy", NOW - SECOND)
+    beat("dead", NOW - 20 * SECOND)
+    locked = make_message(
+        status=Status.PROCESSING, lease_expires_at=NOW - 5 * SECOND, locked_by="busy"
+    )
+    lost = make_message(
+        status=Status.PROCESSING, lease_expires_at=NOW - 5 * SECOND, locked_by="dead"
+    )
+    assert lifecycle.rescue_expired(now=NOW).requeued == 2
+    assert reread(locked).last_error.startswith(
+        "lease expired: the lease of busy expired while that worker was still alive"
+    )
+    assert "worker lost" not in reread(locked).last_error
+    assert reread(lost).last_error == "worker lost: the lease of dead expired"
 
 
 def test_maintenance_runs_in_one_worker_at_a_time(make_message):

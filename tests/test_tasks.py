@@ -31,7 +31,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from django_pgqueue import lifecycle
-from django_pgqueue.exceptions import PgQueueError
+from django_pgqueue.exceptions import PgQueueError, WorkerLost
 from django_pgqueue.models import Category, DeadLetter, DeadLetterState, Message, TaskRecord
 from django_pgqueue.tasks import TASK_TOPIC, PgQueueBackend, PgQueueTask
 from django_pgqueue.worker import Worker
@@ -486,6 +486,111 @@ def test_a_worker_process_runs_tasks_and_running_is_visible(start_worker):
     assert (result.status, result.return_value) == (SUCCESSFUL, 1)
     assert (quick.status, quick.return_value) == (SUCCESSFUL, 2)
     assert result.worker_ids == [result.worker_ids[0]] and result.finished_at is not None
+
+
+@transactional
+def test_a_claimed_task_reads_ready_until_its_function_begins():
+    # One claim of two (batch 2, one thread): while the first task runs, the
+    # second waits in the worker's local batch, leased but not begun.
+    first = demo.whoami.enqueue("first")
+    second = demo.add.enqueue(1, 2)
+    seen = {}
+
+    def on_started(sender, task_result, **kwargs):
+        backend = default_task_backend
+        seen[task_result.id] = {
+            "itself": backend.get_result(task_result.id),
+            "others": {
+                other.id: backend.get_result(other.id)
+                for other in (first, second)
+                if other.id != task_result.id
+            },
+            "second_message": Message.objects.get(
+                pk=TaskRecord.objects.get(pk=second.id).message_id
+            ).status,
+        }
+
+    task_started.connect(on_started, weak=False)
+    try:
+        worker_id = run_worker(batch_size=2, prefetch=2)
+    finally:
+        task_started.disconnect(on_started)
+    during_first = seen[first.id]
+    assert during_first["second_message"] == "processing", "not claimed in the same batch"
+    waiting = during_first["others"][second.id]
+    assert (waiting.status, waiting.started_at, waiting.last_attempted_at) == (READY, None, None)
+    assert (waiting.worker_ids, waiting.attempts) == ([], 0)
+    running = during_first["itself"]
+    assert (running.status, running.worker_ids) == (RUNNING, [worker_id])
+    assert running.started_at is not None and running.started_at == running.last_attempted_at
+    # When the second begins, it reads RUNNING; the first has finished.
+    own = seen[second.id]["itself"]
+    assert (own.status, own.worker_ids) == (RUNNING, [worker_id])
+    assert own.started_at is not None
+    assert seen[second.id]["others"][first.id].status == SUCCESSFUL
+    second.refresh()
+    assert (second.status, second.return_value, second.attempts) == (SUCCESSFUL, 3, 1)
+
+
+@transactional
+@pytest.mark.parametrize(
+    "kind, path",
+    [
+        ("exit", "builtins.SystemExit"),
+        ("interrupt", "builtins.KeyboardInterrupt"),
+        ("halt", "demo.tasks.Halt"),
+    ],
+)
+def test_a_base_exception_is_recorded_with_its_traceback_on_every_attempt(kind, path):
+    result = demo.halt.using(backend="retrying").enqueue(kind)  # 3 attempts, no wait
+    worker_id = run_worker()
+    result.refresh()
+    assert (result.status, result.attempts) == (FAILED, 3)
+    assert [e.exception_class_path for e in result.errors] == [path] * 3, result.errors
+    for error in result.errors:
+        assert error.traceback.startswith("Traceback (most recent call last):"), error.traceback
+        assert "demo/tasks.py" in error.traceback and "in halt" in error.traceback
+    assert result.worker_ids == [worker_id] * 3
+    assert DeadLetter.objects.get().attempts == 3
+
+
+@pytest.mark.slow
+def test_runs_lost_with_killed_workers_are_attempts_of_the_task(start_worker):
+    # The task kills its worker process (SIGKILL) on its first two attempts.
+    result = demo.kill_own_process.enqueue(2)
+    options = ("--concurrency", "1", "--lease", "2", "--poll-interval", "0.3")
+    first, second = start_worker(*options), start_worker(*options)
+    wait_until(
+        lambda: first.popen.poll() is not None and second.popen.poll() is not None,
+        timeout=60,
+        message=f"both workers to be killed by the task; logs:\n{first.log()}\n{second.log()}",
+    )
+    result.refresh()
+    # The second run's lease outlives its worker until a worker rescues it.
+    assert result.status == RUNNING
+    assert len(result.worker_ids) == 2 and len(set(result.worker_ids)) == 2
+    assert [e.exception_class_path for e in result.errors] == [
+        "django_pgqueue.exceptions.WorkerLost"
+    ], "the second run is rescued only once a worker runs again"
+    third = start_worker(*options)
+    wait_until(
+        lambda: result.refresh() or result.is_finished,
+        timeout=60,
+        message=f"the third attempt to finish; log:\n{third.log()}",
+    )
+    assert (result.status, result.return_value) == (SUCCESSFUL, 3), "TaskContext.attempt"
+    assert result.attempts == 3 and len(result.worker_ids) == 3
+    third_id = third.log().split("Worker ", 1)[1].split(" ", 1)[0]
+    assert result.worker_ids[2] == third_id
+    assert {first.pid, second.pid} == {int(w.split(":")[1]) for w in result.worker_ids[:2]}
+    assert [e.exception_class_path for e in result.errors] == [
+        "django_pgqueue.exceptions.WorkerLost"
+    ] * 2
+    for error, worker_id in zip(result.errors, result.worker_ids, strict=False):
+        assert error.exception_class is WorkerLost
+        assert f"lost with its worker {worker_id}" in error.traceback
+        assert "No traceback exists" in error.traceback
+    assert not Message.objects.exists() and not DeadLetter.objects.exists()
 
 
 # --- dead letters and the admin -------------------------------------------------------

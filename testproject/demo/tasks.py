@@ -88,3 +88,29 @@ def sleepy(context, seconds):
 
     time.sleep(seconds)
     return context.attempt
+
+
+class Halt(BaseException):
+    """A BaseException that is not an Exception, as some libraries raise."""
+
+
+@task
+def halt(kind):
+    """Raises a BaseException that is not an Exception (SystemExit & co.)."""
+    if kind == "exit":
+        raise SystemExit(3)
+    if kind == "interrupt":
+        raise KeyboardInterrupt("interrupted")
+    raise Halt("halted")
+
+
+@task(takes_context=True)
+def kill_own_process(context, times):
+    """Kills the worker process running it (SIGKILL) on its first ``times``
+    attempts; then returns the attempt it is. Only for real worker processes."""
+    import os
+    import signal
+
+    if context.attempt <= times:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return context.attempt
