@@ -2,12 +2,18 @@
 """Chaos soak: many messages, several worker processes, faults on a schedule,
 and a count of what was lost or handled twice.
 
+    .venv/bin/python benchmarks/chaos.py --throwaway-cluster
+
+runs on a PostgreSQL cluster of its own, created for the run and removed at
+the end;
+
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/pgqueue_chaos \\
         .venv/bin/python benchmarks/chaos.py
 
-runs against the database of DATABASE_URL (created and migrated if needed;
-its queue tables must be empty, or pass --reset to empty them), in the
-testproject (testproject/demo/handlers.py, the chaos.* topics):
+against the database of DATABASE_URL (created and migrated if needed; its
+queue tables must be empty, or pass --reset to empty them), without the
+restart fault. In the testproject (testproject/demo/handlers.py, the
+chaos.* topics):
 
 - ``--messages`` (50,000) messages over four topics, two handled by
   ``atomic=True`` handlers and two by ``atomic=False`` ones, enqueued in
@@ -22,8 +28,15 @@ testproject (testproject/demo/handlers.py, the chaos.* topics):
   (SIGKILL to a random worker, replaced at once), ``sigterm`` (graceful stop
   of another, replaced), ``terminate`` (``pg_terminate_backend`` of every
   connection of a worker), ``restart`` (PostgreSQL itself, with
-  ``pg_ctlcluster ... restart -m immediate``: a crash and recovery; needs
-  root and Debian's postgresql-common).
+  ``pg_ctl -D <datadir> restart -m immediate``: a crash and recovery). The
+  restart fault only ever restarts the cluster it is told about: either
+  ``--throwaway-cluster`` (the soak creates a cluster of its own in a
+  temporary directory, with benchmarks/throwaway_pg.py, runs against it
+  instead of DATABASE_URL and removes it at the end), or
+  ``--restart-datadir`` naming the data directory of the server behind
+  DATABASE_URL (checked against the server's ``data_directory``; as root,
+  pg_ctl runs as the directory's owner). Without either, the default faults
+  leave ``restart`` out.
 - An invariant checked every ``--check-interval`` seconds during the run, in
   one snapshot per check: every message enqueued is in exactly one of the
   queue table, the dead letters, or done (absent from both, with a ledger
@@ -43,7 +56,6 @@ import argparse
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -51,6 +63,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+import throwaway_pg
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTPROJECT = ROOT / "testproject"
@@ -129,8 +143,30 @@ def parse_args(argv):
     p.add_argument("--fault-interval", type=float, default=3.0, help="seconds between faults")
     p.add_argument(
         "--faults",
-        default=",".join(FAULT_KINDS),
-        help=f"comma-separated kinds to inject, of {','.join(FAULT_KINDS)}",
+        default=None,
+        help=f"comma-separated kinds to inject, of {','.join(FAULT_KINDS)} (default: all,"
+        " restart only with --throwaway-cluster or --restart-datadir)",
+    )
+    p.add_argument(
+        "--throwaway-cluster",
+        action="store_true",
+        help="create a PostgreSQL cluster of our own (initdb in a temporary directory, a free"
+        " port), run against it instead of DATABASE_URL and restart it for the restart fault;"
+        " removed at the end",
+    )
+    p.add_argument(
+        "--restart-datadir",
+        help="the restart fault restarts the cluster of this data directory, which must be the"
+        " server behind DATABASE_URL (no other cluster is ever restarted)",
+    )
+    p.add_argument(
+        "--pg-ctl",
+        help="pg_ctl for --restart-datadir (default: that of the data directory's major version)",
+    )
+    p.add_argument(
+        "--restart-log",
+        default=os.devnull,
+        help="the log file of the server that the restart fault starts again (pg_ctl -l)",
     )
     p.add_argument("--fail-rate", type=float, default=0.2, help="share of messages that fail")
     p.add_argument(
@@ -148,6 +184,13 @@ def parse_args(argv):
     p.add_argument("--json", help="write the result to this file")
     p.add_argument("--log-dir", help="worker logs (default: a new temporary directory)")
     args = p.parse_args(argv)
+    if args.throwaway_cluster and args.restart_datadir:
+        p.error("--throwaway-cluster and --restart-datadir exclude each other")
+    if args.pg_ctl and not args.restart_datadir:
+        p.error("--pg-ctl goes with --restart-datadir")
+    can_restart = args.throwaway_cluster or args.restart_datadir
+    if args.faults is None:
+        args.faults = ",".join(k for k in FAULT_KINDS if k != "restart" or can_restart)
     faults = [f.strip() for f in args.faults.split(",") if f.strip()]
     unknown = sorted(set(faults) - set(FAULT_KINDS))
     if unknown:
@@ -166,28 +209,74 @@ def parse_args(argv):
     for name in ("fail_rate", "slow_rate"):
         if not 0 <= getattr(args, name) <= 1:
             p.error(f"--{name.replace('_', '-')} must be between 0 and 1")
-    if "restart" in faults and postgres_cluster() is None:
+    if "restart" in faults and not can_restart:
         p.error(
-            "--faults restart needs pg_ctlcluster (Debian's postgresql-common) and root;"
-            " leave restart out of --faults"
+            "--faults restart restarts only a cluster it is told about: pass"
+            " --throwaway-cluster, or --restart-datadir with the data directory of"
+            " DATABASE_URL's server; or leave restart out of --faults"
         )
+    if args.restart_datadir:
+        args.restart_datadir = os.path.realpath(args.restart_datadir)
+        if not os.path.isfile(os.path.join(args.restart_datadir, "PG_VERSION")):
+            p.error(f"--restart-datadir {args.restart_datadir}: not a PostgreSQL data directory")
+        if args.pg_ctl is None:
+            try:
+                args.pg_ctl = os.path.join(
+                    throwaway_pg.bindir_for_datadir(args.restart_datadir), "pg_ctl"
+                )
+            except throwaway_pg.ClusterError as exc:
+                p.error(f"--restart-datadir: {exc}")
     return args
 
 
-def postgres_cluster():
-    """(version, cluster) of the local PostgreSQL for pg_ctlcluster, or None."""
-    if not shutil.which("pg_lsclusters") or not shutil.which("pg_ctlcluster"):
-        return None
-    if os.geteuid() != 0:
-        return None
-    out = subprocess.run(
-        ["pg_lsclusters", "--no-header"], capture_output=True, text=True, check=False
-    ).stdout
-    for line in out.splitlines():
-        fields = line.split()
-        if len(fields) >= 3 and fields[2] == "5432":
-            return fields[0], fields[1]
-    return None
+class Restarter:
+    """Restarts the one cluster it was given, ``pg_ctl -D <datadir> restart -m
+    immediate`` (as the data directory's owner when we are root)."""
+
+    def __init__(self, datadir, pg_ctl, log_path):
+        self.datadir = datadir
+        self.pg_ctl = pg_ctl
+        self.log_path = log_path
+
+    def check_serves(self, connection):
+        """Refuse to go on unless ``connection``'s server runs on our data directory."""
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT current_setting('data_directory')")
+            served = cursor.fetchone()[0]
+        if os.path.realpath(served) != os.path.realpath(self.datadir):
+            raise SystemExit(
+                f"--restart-datadir {self.datadir} is not the data directory of the server"
+                f" behind DATABASE_URL ({served}): refusing to restart it"
+            )
+
+    def restart(self):
+        command = [
+            self.pg_ctl,
+            "-D",
+            self.datadir,
+            "restart",
+            "-m",
+            "immediate",
+            "-w",
+            "-t",
+            "120",
+            # The new postmaster writes there, not into our pipes.
+            "-l",
+            self.log_path,
+        ]
+        done = subprocess.run(
+            throwaway_pg.as_owner(command, self.datadir),
+            cwd=self.datadir,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=180,
+        )
+        if done.returncode:
+            raise RuntimeError(
+                f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout}{done.stderr}"
+            )
 
 
 def setup_django():
@@ -341,7 +430,7 @@ class InvariantChecker(threading.Thread):
 class Faults:
     """One fault per call, in shuffled rounds of the chosen kinds."""
 
-    def __init__(self, kinds, workers):
+    def __init__(self, kinds, workers, restarter=None):
         self.kinds = list(kinds)
         self.workers = workers
         self.round = []
@@ -349,7 +438,8 @@ class Faults:
         # Messages leased to a worker when a fault hit it: the most that a
         # non-atomic handler may have handled again afterwards.
         self.exposed = 0
-        self.cluster = postgres_cluster() if "restart" in kinds else None
+        self.restarter = restarter
+        assert restarter is not None or "restart" not in kinds
 
     def inject(self):
         if not self.kinds:
@@ -422,25 +512,12 @@ class Faults:
         from django.db import connection
 
         exposed = self.leased()
-        version, cluster = self.cluster
         started = time.monotonic()
-        subprocess.run(
-            [
-                "pg_ctlcluster",
-                "--skip-systemctl-redirect",
-                version,
-                cluster,
-                "restart",
-                "-m",
-                "immediate",
-            ],
-            check=True,
-            capture_output=True,
-        )
+        self.restarter.restart()
         connection.close()
         self.exposed += exposed
         log(
-            f"fault: PostgreSQL {version}/{cluster} restarted (immediate) in"
+            f"fault: PostgreSQL of {self.restarter.datadir} restarted (immediate) in"
             f" {time.monotonic() - started:.1f}s ({exposed} leased)"
         )
 
@@ -540,7 +617,13 @@ def run(args):
     seed = args.seed if args.seed is not None else random.randrange(2**32)
     random.seed(seed)
     rng = random.Random(seed)
+    restarter = None
+    if args.restart_datadir:
+        restarter = Restarter(args.restart_datadir, args.pg_ctl, args.restart_log)
+        restarter.check_serves(connection)
     call_command("migrate", verbosity=0)
+    if args.throwaway_cluster:
+        call_command("migrate", database="other", verbosity=0)
     empty_tables(args.reset)
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="pgqueue-chaos-"))
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -557,7 +640,7 @@ def run(args):
         "BACKOFF_CAP": 0.5,
     }
     workers = Workers(args, log_dir, pgqueue)
-    faults = Faults(args.faults, workers)
+    faults = Faults(args.faults, workers, restarter)
     checker = InvariantChecker(dsn(), args.check_interval)
     checker.start()
     started = time.monotonic()
@@ -692,8 +775,28 @@ def report(result):
 
 def main(argv=None):
     args = parse_args(argv)
-    setup_django()
-    result = run(args)
+    cluster = None
+    if args.throwaway_cluster:
+        cluster = throwaway_pg.ThrowawayCluster.create(prefix="pgqueue-chaos-pg-")
+        for name in ("pgqueue_chaos", "pgqueue_chaos_other"):
+            cluster.create_database(name)
+        # Ours and the workers' (they inherit the environment).
+        os.environ["DATABASE_URL"] = cluster.url("pgqueue_chaos")
+        os.environ["OTHER_DATABASE_URL"] = cluster.url("pgqueue_chaos_other")
+        args.restart_datadir = str(cluster.datadir)
+        args.pg_ctl = cluster.pg_ctl_path
+        if args.restart_log == os.devnull:
+            args.restart_log = str(cluster.log_path)
+        log(f"throwaway cluster in {cluster.datadir}, port {cluster.port}")
+    try:
+        setup_django()
+        result = run(args)
+    finally:
+        if cluster is not None:
+            from django.db import connections
+
+            connections.close_all()
+            cluster.close()
     report(result)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")

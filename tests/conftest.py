@@ -28,6 +28,100 @@ def raw_connection(alias="default", **kwargs):
     )
 
 
+class SharedServer:
+    """A PostgreSQL server that ``DATABASES`` points at: the suite connects to
+    it and never stops, restarts or reconfigures it (the tests that crash
+    PostgreSQL run a throwaway cluster of their own: tests/test_chaos.py)."""
+
+    def __init__(self, host, port, user, password):
+        self.host, self.port, self.user, self.password = host, port, user, password
+
+    def __repr__(self):
+        return f"the PostgreSQL server at {self.host or 'localhost'}:{self.port or 5432}"
+
+    def connect(self):
+        # The maintenance database, as Django's own test-database setup uses.
+        return psycopg.connect(
+            dbname="postgres",
+            user=self.user or None,
+            password=self.password or None,
+            host=self.host or None,
+            port=self.port or None,
+            connect_timeout=10,
+            autocommit=True,
+        )
+
+    def state(self):
+        """When its postmaster started and last (re)loaded its configuration."""
+        with self.connect() as conn:
+            return conn.execute("SELECT pg_postmaster_start_time(), pg_conf_load_time()").fetchone()
+
+    def major(self):
+        """Its major version (15), or None when it does not answer."""
+        try:
+            with self.connect() as conn:
+                return conn.info.server_version // 10000
+        except psycopg.OperationalError:
+            return None
+
+
+def shared_servers():
+    """The distinct servers of ``settings.DATABASES``, the default alias's first."""
+    from django.conf import settings
+
+    servers = {}
+    for params in settings.DATABASES.values():
+        key = (params.get("HOST") or "", str(params.get("PORT") or ""))
+        if key not in servers:
+            servers[key] = SharedServer(
+                params.get("HOST"), params.get("PORT"), params.get("USER"), params.get("PASSWORD")
+            )
+    return list(servers.values())
+
+
+def shared_server_changes(before):
+    """What became of each server of ``before`` ({server: its state()}) since:
+    a list of problems, empty when none was restarted or reloaded."""
+    problems = []
+    for server, (started, loaded) in before.items():
+        try:
+            now_started, now_loaded = server.state()
+        except psycopg.OperationalError as exc:
+            problems.append(f"{server!r} no longer answers: {str(exc).strip()}")
+            continue
+        if now_started != started:
+            problems.append(
+                f"{server!r} was restarted: up since {started}, now since {now_started}"
+            )
+        elif now_loaded != loaded:
+            problems.append(
+                f"{server!r} reloaded its configuration: at {loaded}, now at {now_loaded}"
+            )
+    return problems
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_servers_untouched():
+    """Fails the run (an error at the last teardown) if a server of DATABASES
+    was restarted, or its configuration reloaded, while the suite ran: its
+    postmaster's start time and configuration load time must be those found at
+    the start. Per pytest process, so under xdist each worker checks."""
+    before = {}
+    for server in shared_servers():
+        try:
+            before[server] = server.state()
+        except psycopg.OperationalError:
+            pass  # down from the start: the tests that need it fail on their own
+    yield
+    problems = shared_server_changes(before)
+    if problems:
+        pytest.fail(
+            "the test suite must never stop, restart or reconfigure a server it did not start:\n"
+            + "\n".join(problems),
+            pytrace=False,
+        )
+
+
 @pytest.fixture
 def other_connection(transactional_db):
     """A second, independent client: sees only what has been committed."""
