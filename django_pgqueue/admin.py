@@ -377,6 +377,16 @@ class DeadLetterAdmin(QueueAdminMixin, admin.ModelAdmin):
         "notes_full",
     ]
 
+    def get_changelist_instance(self, request):
+        try:
+            return super().get_changelist_instance(request)
+        except (ValueError, OverflowError) as exc:
+            # The date hierarchy's ?dead_lettered_at__year=9999 (a hand-made
+            # URL, or a row at 'infinity', see fields.py): Django computes the
+            # end of the year, month or day in Python, and there is none
+            # after 9999-12-31. Refused as any unusable filter (?e=1).
+            raise IncorrectLookupParameters(exc) from exc
+
     def _payload_editable(self, request, obj):
         return (
             obj is not None

@@ -464,10 +464,11 @@ def claim_statement(
     async_commit=False,
     few_ready=False,
 ):
-    """The claim's UPDATE for one queue and its parameters (also for EXPLAIN)."""
+    """The claim's UPDATE for one queue and its parameters (also for EXPLAIN),
+    under a lease token of its own (the caller may put its own in params[1])."""
     written_limit = limit if few_ready else None  # see _LIMIT_SENTINEL
     sql, pick_params = _claim_sql(using, now is not None, async_commit, few_ready, written_limit)
-    params = [now, None, lease_seconds, worker_id]
+    params = [now, uuid.uuid4(), lease_seconds, worker_id]
     params += [queue if p == _QUEUE_SENTINEL else p for p in pick_params]
     return sql, params if few_ready else [*params, limit]
 

@@ -18,12 +18,10 @@ from django.db.models import Q
 from django.db.models.functions import Now
 
 from . import conf
+from .fields import TIMESTAMP_MAX, TIMESTAMP_MIN, DateTimeField, FiniteDatesQuerySet
 
-# PostgreSQL's infinite timestamps as the nearest datetimes Python has.
-_INFINITE = {
-    "infinity": datetime.datetime.max.replace(tzinfo=datetime.UTC),
-    "-infinity": datetime.datetime.min.replace(tzinfo=datetime.UTC),
-}
+# PostgreSQL's infinite timestamps as the datetimes every read gives them (fields.py).
+_INFINITE = {"infinity": TIMESTAMP_MAX, "-infinity": TIMESTAMP_MIN}
 
 
 @functools.lru_cache(maxsize=1024)
@@ -37,8 +35,12 @@ def timestamp_from_text(text):
         return None
     if text in _INFINITE:  # only another client's raw SQL writes these
         value = _INFINITE[text]
+    elif text.endswith(" BC"):  # so do these, and years past 9999 ("10000-01-01 ...")
+        value = TIMESTAMP_MIN
+    elif text.index("-", 1) > 4:
+        value = TIMESTAMP_MAX
     else:
-        value = datetime.datetime.fromisoformat(text)
+        value = min(max(datetime.datetime.fromisoformat(text), TIMESTAMP_MIN), TIMESTAMP_MAX)
     return value if settings.USE_TZ else value.replace(tzinfo=None)
 
 
@@ -80,12 +82,12 @@ class Message(models.Model):
     headers = models.JSONField(encoder=DjangoJSONEncoder, db_default={}, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, db_default=Status.WAITING)
     priority = models.SmallIntegerField(db_default=0, help_text="Higher runs first.")
-    run_at = models.DateTimeField(db_default=Now(), help_text="Not before this time.")
+    run_at = DateTimeField(db_default=Now(), help_text="Not before this time.")
     attempts = models.IntegerField(db_default=0)
     max_attempts = models.IntegerField(
         null=True, blank=True, help_text="Empty: the handler's or the global limit."
     )
-    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    lease_expires_at = DateTimeField(null=True, blank=True)
     locked_by = models.CharField(max_length=255, db_default="", blank=True)
     lease_token = models.UUIDField(null=True, blank=True)
     dedup_key = models.CharField(max_length=conf.KEY_MAX_LENGTH, null=True, blank=True)
@@ -94,9 +96,9 @@ class Message(models.Model):
     last_error_category = models.CharField(
         max_length=16, choices=Category.choices, db_default="", blank=True
     )
-    first_failed_at = models.DateTimeField(null=True, blank=True)
-    created_at = models.DateTimeField(db_default=Now())
-    updated_at = models.DateTimeField(db_default=Now())
+    first_failed_at = DateTimeField(null=True, blank=True)
+    created_at = DateTimeField(db_default=Now())
+    updated_at = DateTimeField(db_default=Now())
 
     class Meta:
         indexes = [
@@ -194,26 +196,28 @@ class DeadLetter(models.Model):
     traceback = models.TextField(db_default="", blank=True)
     attempts = models.IntegerField(db_default=0)
     max_attempts = models.IntegerField(null=True, blank=True)
-    first_failed_at = models.DateTimeField(null=True, blank=True)
-    last_failed_at = models.DateTimeField(null=True, blank=True)
-    dead_lettered_at = models.DateTimeField(db_default=Now())
+    first_failed_at = DateTimeField(null=True, blank=True)
+    last_failed_at = DateTimeField(null=True, blank=True)
+    dead_lettered_at = DateTimeField(db_default=Now())
     worker = models.CharField(max_length=255, db_default="", blank=True)
     state = models.CharField(
         max_length=16, choices=DeadLetterState.choices, db_default=DeadLetterState.NEW
     )
-    revived_at = models.DateTimeField(null=True, blank=True)
+    revived_at = DateTimeField(null=True, blank=True)
     revive_count = models.IntegerField(db_default=0)
     revived_message_id = models.BigIntegerField(null=True, blank=True)
     revived_by = models.CharField(max_length=150, db_default="", blank=True)
-    resolved_at = models.DateTimeField(null=True, blank=True)
+    resolved_at = DateTimeField(null=True, blank=True)
     resolved_by = models.CharField(max_length=150, db_default="", blank=True)
     category_set_by = models.CharField(max_length=150, db_default="", blank=True)
-    category_set_at = models.DateTimeField(null=True, blank=True)
+    category_set_at = DateTimeField(null=True, blank=True)
     notes = models.TextField(db_default="", blank=True)
     holds_group = models.BooleanField(
         db_default=False,
         help_text="Its group stays blocked until it is revived, resolved or deleted.",
     )
+
+    objects = FiniteDatesQuerySet.as_manager()  # the admin's date hierarchy
 
     class Meta:
         indexes = [
@@ -259,7 +263,7 @@ class GroupRelease(models.Model):
 
     id = models.BigAutoField(primary_key=True)
     group_key = models.CharField(max_length=conf.KEY_MAX_LENGTH)
-    created_at = models.DateTimeField(db_default=Now())
+    created_at = DateTimeField(db_default=Now())
 
     class Meta:
         verbose_name = "group release"
@@ -282,9 +286,9 @@ class WorkerHeartbeat(models.Model):
     pid = models.IntegerField()
     queues = models.JSONField(help_text="The queues it serves, in claim order.")
     concurrency = models.IntegerField()
-    started_at = models.DateTimeField(db_default=Now())
-    heartbeat_at = models.DateTimeField(db_default=Now())
-    expires_at = models.DateTimeField()
+    started_at = DateTimeField(db_default=Now())
+    heartbeat_at = DateTimeField(db_default=Now())
+    expires_at = DateTimeField()
     inflight = models.IntegerField(db_default=0, help_text="Messages its handlers hold.")
     processed = models.BigIntegerField(db_default=0, help_text="Messages it has finished.")
 
@@ -302,7 +306,7 @@ class AlertState(models.Model):
 
     topic = models.CharField(max_length=conf.TOPIC_MAX_LENGTH)
     category = models.CharField(max_length=16, choices=Category.choices)
-    last_sent_at = models.DateTimeField()
+    last_sent_at = DateTimeField()
     suppressed = models.IntegerField(db_default=0)
 
     class Meta:
@@ -341,16 +345,16 @@ class TaskRecord(models.Model):
     backend = models.CharField(max_length=100, help_text="The TASKS alias it was enqueued with.")
     queue_name = models.CharField(max_length=conf.QUEUE_MAX_LENGTH)
     priority = models.SmallIntegerField(db_default=0)
-    run_after = models.DateTimeField(null=True, blank=True)
+    run_after = DateTimeField(null=True, blank=True)
     args = models.JSONField(db_default=[], blank=True)
     kwargs = models.JSONField(db_default={}, blank=True)
     status = models.CharField(
         max_length=16, choices=TaskStatus.choices, db_default=TaskStatus.READY
     )
-    enqueued_at = models.DateTimeField(db_default=Now())
-    started_at = models.DateTimeField(null=True, blank=True)
-    last_attempted_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
+    enqueued_at = DateTimeField(db_default=Now())
+    started_at = DateTimeField(null=True, blank=True)
+    last_attempted_at = DateTimeField(null=True, blank=True)
+    finished_at = DateTimeField(null=True, blank=True)
     return_value = models.JSONField(null=True, blank=True)
     errors = models.JSONField(
         db_default=[], blank=True, help_text="[{exception_class_path, traceback}], oldest first."

@@ -27,6 +27,7 @@ from django.db.models.base import ModelState
 from . import conf, signals
 from .db import prepared_cursor
 from .exceptions import InvalidMessage
+from .fields import TIMESTAMP_MAX, TIMESTAMP_MIN
 from .models import UNFINISHED, Message, Status, timestamp_from_text
 
 # One statement for one message or fifty thousand: the ORM cannot say
@@ -527,13 +528,7 @@ def _validate(fields):
         raise InvalidMessage("give delay or run_at, not both")
     delay_seconds = _delay_seconds(delay)
     if run_at is not None:
-        if not isinstance(run_at, datetime.datetime):
-            raise InvalidMessage(f"run_at must be a datetime, not {type(run_at).__name__}")
-        if settings.USE_TZ and run_at.utcoffset() is None:
-            raise InvalidMessage(
-                "run_at is a naive datetime while USE_TZ is True; "
-                "give an aware one (django.utils.timezone.now() + ...)"
-            )
+        run_at = _run_at(run_at)
 
     max_attempts = fields.get("max_attempts")
     if max_attempts is not None and (
@@ -634,6 +629,37 @@ def _has_surrogate(text):
     return False
 
 
+# A naive run_at (USE_TZ = False) is read in the session's time zone, less
+# than a day from UTC: the day of margin in the bounds covers it.
+_NAIVE_MIN, _NAIVE_MAX = TIMESTAMP_MIN.replace(tzinfo=None), TIMESTAMP_MAX.replace(tzinfo=None)
+
+
+def _run_at(run_at):
+    """``run_at`` as the plain datetime the INSERT sends, or InvalidMessage.
+    PostgreSQL takes 'infinity' and years past 9999 or BC, which no Python
+    reader can load (see fields.py): run_at must be within TIMESTAMP_MIN and
+    TIMESTAMP_MAX."""
+    if not isinstance(run_at, datetime.datetime):
+        raise InvalidMessage(f"run_at must be a datetime, not {type(run_at).__name__}")
+    if type(run_at) is not datetime.datetime:
+        # A subclass (pandas' Timestamp, say) goes in as the datetime it
+        # holds: its isoformat() or str(), which the INSERT would send, could
+        # say anything ('infinity', 'NaT').
+        run_at = datetime.datetime.combine(run_at.date(), run_at.timetz())
+    aware = run_at.utcoffset() is not None
+    if settings.USE_TZ and not aware:
+        raise InvalidMessage(
+            "run_at is a naive datetime while USE_TZ is True; "
+            "give an aware one (django.utils.timezone.now() + ...)"
+        )
+    low, high = (TIMESTAMP_MIN, TIMESTAMP_MAX) if aware else (_NAIVE_MIN, _NAIVE_MAX)
+    if not low <= run_at <= high:
+        raise InvalidMessage(
+            f"run_at must be from {low.isoformat()} to {high.isoformat()}, not {run_at.isoformat()}"
+        )
+    return run_at
+
+
 def _delay_seconds(delay):
     if delay is None:
         return 0.0
@@ -647,6 +673,13 @@ def _delay_seconds(delay):
         )
     if not math.isfinite(seconds) or seconds < 0:
         raise InvalidMessage(f"delay must be zero or more seconds, not {delay!r}")
+    # The database adds it to its own clock; should that run ahead of this
+    # one, the run_at past TIMESTAMP_MAX still loads, as TIMESTAMP_MAX.
+    if seconds > (TIMESTAMP_MAX - datetime.datetime.now(datetime.UTC)).total_seconds():
+        raise InvalidMessage(
+            f"delay must not reach past {TIMESTAMP_MAX.isoformat()} (the latest run_at), "
+            f"not {delay!r}"
+        )
     return seconds
 
 

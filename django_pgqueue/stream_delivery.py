@@ -14,6 +14,7 @@ same order. A failing event's savepoint is rolled back and the failure
 recorded (retry later, block, or dead-letter) in the same transaction.
 """
 
+import contextlib
 import datetime
 import inspect
 import json
@@ -29,6 +30,7 @@ from django.utils import timezone
 
 from . import conf, policy, signals, subscriptions
 from .exceptions import Permanent, Retry
+from .fields import finite_sql
 from .models import StreamEvent
 from .stream_models import DELIVERING, Subscription, SubscriptionState
 from .subscribers import DEAD_LETTER
@@ -38,11 +40,12 @@ logger = logging.getLogger(__name__)
 # The row and, when it is due, its next events, in one round trip. Sent
 # after the lock is taken: its snapshot then sees the checkpoint that the
 # previous holder committed. Read through the stream index, after the
-# checkpoint and below the snapshot's xmin.
+# checkpoint and below the snapshot's xmin. ({retry_at} and {created_at}:
+# the columns as Python can load them, see _sql.)
 NEXT_SQL = """
 SELECT s.state, s.checkpoint_xid::text, s.checkpoint_position, s.attempts,
-    s.failing_position, s.retry_at, s.name, s.stream, e.position, e.xid::text, e.key,
-    e.payload::text, e.headers::text, e.created_at
+    s.failing_position, {retry_at}, s.name, s.stream, e.position, e.xid::text, e.key,
+    e.payload::text, e.headers::text, {created_at}
 FROM {subs} s LEFT JOIN LATERAL (
     SELECT position, xid, key, payload, headers, created_at FROM {events}
     WHERE stream = s.stream AND (xid, position) > (s.checkpoint_xid, s.checkpoint_position)
@@ -63,7 +66,7 @@ ORDER BY e.xid, e.position
 # "xid >= xmin" would not: btree cannot combine it with the row comparison
 # into one start key, and would walk the whole backlog.)
 PROBE_SQL = """
-SELECT s.id, s.state, s.retry_at, now(),
+SELECT s.id, s.state, {retry_at}, now(),
     EXISTS (SELECT 1 FROM {events} e WHERE e.stream = s.stream
         AND (e.xid, e.position) > (s.checkpoint_xid, s.checkpoint_position)
         AND e.xid < pg_snapshot_xmin(pg_current_snapshot())),
@@ -142,6 +145,9 @@ def _sql(template):
     return template.format(
         subs=ops.quote_name(Subscription._meta.db_table),
         events=ops.quote_name(StreamEvent._meta.db_table),
+        # Another client's SQL may have written 'infinity' (fields.py).
+        retry_at=finite_sql("s.retry_at"),
+        created_at=finite_sql("e.created_at"),
     )
 
 
@@ -152,13 +158,14 @@ def probe(ids):
         return [Probe(*row) for row in cursor.fetchall()]
 
 
-def deliver(spec, subscription_id=None, worker="", now=None):
+def deliver(spec, subscription_id=None, worker="", now=None, watch=None):
     """Deliver the next batch of events to ``spec``'s subscription, in one
     transaction; returns a Delivery.
 
     ``subscription_id``: its row's id (``subscriptions.ensure`` returns it);
     without it the row is looked up, and created if missing. ``now`` stands
-    in for the database's clock.
+    in for the database's clock. ``watch(event)``: a context manager around
+    each call of the subscriber (the worker's health check times them).
     """
     using = subscriptions.alias()
     if connections[using].in_atomic_block:
@@ -192,7 +199,7 @@ def deliver(spec, subscription_id=None, worker="", now=None):
             batch = subscriptions.Batch(
                 subscription_id, name, stream, int(xid), position, state, now=now, worker=worker
             )
-            outcome = _run(spec, batch, events, attempts, failing)
+            outcome = _run(spec, batch, events, attempts, failing, watch)
     except subscriptions.Moved:
         logger.warning(
             "Subscription %s: its checkpoint or state changed during the delivery; "
@@ -206,7 +213,7 @@ def deliver(spec, subscription_id=None, worker="", now=None):
     return outcome
 
 
-def _run(spec, batch, events, attempts, failing):
+def _run(spec, batch, events, attempts, failing, watch=None):
     connection = connections[subscriptions.alias()]
     deadline, more = time.monotonic() + BATCH_SECONDS, len(events) >= spec.batch_size
     for row in events:
@@ -218,7 +225,8 @@ def _run(spec, batch, events, attempts, failing):
             with transaction.atomic(using=subscriptions.alias()):  # this event's savepoint
                 if problem:
                     raise Permanent(problem)
-                _call(spec, event)
+                with watch(event) if watch is not None else contextlib.nullcontext():
+                    _call(spec, event)
                 if connection.needs_rollback or _transaction_failed(connection):
                     raise BrokenTransaction(
                         "the subscriber caught a database error and returned: its transaction "

@@ -29,6 +29,7 @@ from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 
 from . import conf
+from .fields import DateTimeField
 
 # Subscription names travel in queue names, log lines and metric labels.
 SUBSCRIPTION_NAME_MAX_LENGTH = conf.QUEUE_MAX_LENGTH
@@ -85,7 +86,7 @@ class StreamEvent(models.Model):
         db_default=models.Func(function="pg_current_xact_id"),
         help_text="The id of the transaction that published it.",
     )
-    created_at = models.DateTimeField(db_default=Now())
+    created_at = DateTimeField(db_default=Now())
 
     class Meta:
         verbose_name = "stream event"
@@ -141,7 +142,7 @@ class SubscriptionQuerySet(models.QuerySet):
             oldest_pending_at=RawSQL(
                 f"SELECT e.created_at {after} ORDER BY e.xid, e.position LIMIT 1",
                 [],
-                output_field=models.DateTimeField(),
+                output_field=DateTimeField(),
             ),
         )
 
@@ -168,13 +169,13 @@ class Subscription(models.Model):
         null=True, blank=True, help_text="The event that failed (retrying or blocked)."
     )
     last_error = models.TextField(db_default="", blank=True)
-    retry_at = models.DateTimeField(null=True, blank=True, help_text="Next try (retrying).")
+    retry_at = DateTimeField(null=True, blank=True, help_text="Next try (retrying).")
     delivered = models.BigIntegerField(
         db_default=0, help_text="Events passed (handled or dead-lettered) since it was created."
     )
-    delivered_at = models.DateTimeField(null=True, blank=True, help_text="Last checkpoint move.")
-    created_at = models.DateTimeField(db_default=Now())
-    updated_at = models.DateTimeField(db_default=Now())
+    delivered_at = DateTimeField(null=True, blank=True, help_text="Last checkpoint move.")
+    created_at = DateTimeField(db_default=Now())
+    updated_at = DateTimeField(db_default=Now())
 
     objects = SubscriptionQuerySet.as_manager()
 

@@ -54,6 +54,7 @@ from django.utils.module_loading import import_string
 
 from . import conf, lifecycle, policy, producer, registry, signals
 from .exceptions import InvalidMessage, Permanent, Retry
+from .fields import finite_sql
 from .models import Category, DeadLetter, DeadLetterState, Message, Status, TaskRecord, TaskStatus
 
 logger = logging.getLogger(__name__)
@@ -361,8 +362,13 @@ UPDATE {table} SET
                              THEN last_attempted_at ELSE %(now)s END,
     started_lease = %(lease)s
 WHERE id = %(id)s
-RETURNING worker_ids, started_at, last_attempted_at
-"""
+RETURNING worker_ids, {started_at}, {last_attempted_at}
+""".format(
+    table="{table}",
+    # Read clamped as the ORM reads them (a value written by hand may be 'infinity').
+    started_at=finite_sql("started_at"),
+    last_attempted_at=finite_sql("last_attempted_at"),
+)
 
 # A handler's own transaction is open while its start is marked: the mark
 # waits at most this long for the record's row lock (held only by another

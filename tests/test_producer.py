@@ -3,6 +3,7 @@ wake-ups, dedup, bulk inserts, cross-alias deferral and the signal."""
 
 import datetime
 import threading
+import uuid
 
 import pytest
 from django.db import OperationalError, connections, transaction
@@ -327,7 +328,9 @@ def test_dedup_returns_the_unfinished_message_instead_of_a_second_row():
 def test_dedup_is_per_topic_and_only_among_unfinished_messages():
     first = enqueue("a", {}, dedup_key="k")
     assert enqueue("b", {}, dedup_key="k").created is True, "another topic is another key space"
-    Message.objects.filter(pk=first.pk).update(status=Status.PROCESSING)
+    Message.objects.filter(pk=first.pk).update(
+        status=Status.PROCESSING, lease_token=uuid.uuid4(), lease_expires_at=timezone.now()
+    )
     assert enqueue("a", {}, dedup_key="k").created is False, "a leased message is unfinished"
     Message.objects.filter(pk=first.pk).update(status=Status.DONE)
     again = enqueue("a", {}, dedup_key="k")
