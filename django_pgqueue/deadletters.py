@@ -436,7 +436,10 @@ def select(*, topics=None, categories=None, states=None, since=None, ids=None):
     using = _alias()
     queryset = DeadLetter.objects.using(using).all()
     if topics is not None:
-        queryset = queryset.filter(topic__in=[topics] if isinstance(topics, str) else list(topics))
+        topics = [topics] if isinstance(topics, str) else list(topics)
+        for topic in topics:
+            _text("topics", topic)
+        queryset = queryset.filter(topic__in=topics)
     if categories is not None:
         queryset = queryset.filter(category__in=_choices("category", categories, Category))
     if states is not None:
@@ -575,7 +578,7 @@ def _actor(by):
         by = by.get_username()
     if not isinstance(by, str):
         raise DeadLetterError(f"by must be a name or a user, not {type(by).__name__}")
-    by = by.strip()
+    by = _text("by", by).strip()
     if len(by) > _ACTOR_MAX_LENGTH:
         raise DeadLetterError(f"by is {len(by)} characters long; the limit is {_ACTOR_MAX_LENGTH}")
     return by
@@ -587,7 +590,17 @@ def _note(note):
         return ""
     if not isinstance(note, str):
         raise DeadLetterError(f"note must be a string, not {type(note).__name__}")
-    return " ".join(note.split())
+    return " ".join(_text("note", note).split())
+
+
+def _text(name, value):
+    """``value`` if PostgreSQL can store it as text, else DeadLetterError."""
+    if not isinstance(value, str):
+        raise DeadLetterError(f"{name} must be strings, not {type(value).__name__}")
+    problem = conf.text_problem(value)
+    if problem:
+        raise DeadLetterError(f"{name}: {problem}")
+    return value
 
 
 def _chunk_size(size):

@@ -44,6 +44,9 @@ BAD = [
     ({"topic": "t", "delay": 5, "run_at": NOW}, "give delay or run_at, not both"),
     ({"topic": "t", "run_at": "2030-01-01"}, "run_at must be a datetime"),
     ({"topic": "t", "run_at": datetime.datetime(2030, 1, 1)}, "naive datetime"),
+    # PostgreSQL would take these (tests/test_infinite_timestamps.py has more).
+    ({"topic": "t", "delay": datetime.timedelta.max}, "delay must not reach past 9999-12-31"),
+    ({"topic": "t", "run_at": datetime.datetime.max.replace(tzinfo=datetime.UTC)}, "run_at must"),
     ({"topic": "t", "priority": 101}, "priority 101 is out of range [-100, 100]"),
     ({"topic": "t", "priority": -101}, "priority -101 is out of range"),
     ({"topic": "t", "priority": 1.5}, "priority must be an integer"),

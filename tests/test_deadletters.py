@@ -497,6 +497,9 @@ BAD_CALLS = [
     (revive, ([],), {"chunk_size": 0}, "chunk_size must be"),
     (resolve, ([],), {"note": None}, "needs a note"),
     (resolve, ([],), {"note": 5}, "note must be a string"),
+    (resolve, ([],), {"note": "a\x00b"}, "note: must not contain a NUL character"),
+    (resolve, ([],), {"note": "a\udcff"}, "note: .* is not valid UTF-8 text"),
+    (revive, ([],), {"by": "ops\x00"}, "by: must not contain a NUL character"),
     (categorize, ([], "oops"), {}, "unknown category 'oops'; one of transient, dependency"),
     (categorize, ([], None), {}, "unknown category None"),
 ]
@@ -521,6 +524,9 @@ def test_bad_input_raises_a_clear_error_and_changes_nothing(
         ({"since": datetime.datetime(2026, 1, 1)}, "since must be an aware datetime"),
         ({"since": "2h"}, "since must be an aware datetime"),
         ({"ids": ["1"]}, "ids are whole numbers"),
+        ({"topics": ["a\x00b"]}, "topics: must not contain a NUL character"),
+        ({"topics": "a\udcff"}, "topics: .* is not valid UTF-8 text"),
+        ({"topics": [3]}, "topics must be strings, not int"),
         ({"ids": [987654321]}, "no dead letter has the id 987654321"),
     ],
 )

@@ -1,16 +1,85 @@
 """argparse ``type=`` validators shared by the management commands (a
-command module must not import another)."""
+command module must not import another).
+
+Every option of every command goes through one of these: a value they let
+through is one the command can use, so a bad one is argparse's error naming
+the option ("argument --topic: ..."), exit status 2 from manage.py and a
+CommandError from call_command, never a traceback from deep inside.
+"""
 
 import argparse
+import math
+import threading
+
+from django_pgqueue import conf
+
+# PostgreSQL's bigint: the most a whole number can be that reaches SQL (a LIMIT).
+BIGINT_MAX = 2**63 - 1
+# The longest a thread can wait (about 292 years): a longer poll interval or
+# shutdown timeout overflows the platform's time_t.
+SECONDS_MAX = threading.TIMEOUT_MAX
 
 
-def _whole_number(text, minimum, words):
+# --- text -------------------------------------------------------------------------------
+
+
+def free_text(value):
+    """Any text PostgreSQL can store (a name to look up, who did it)."""
+    problem = conf.text_problem(value)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return value
+
+
+def non_blank_text(value):
+    """Text with something besides whitespace (a note)."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return free_text(value)
+
+
+def text_list(value):
+    """Comma-separated values, surrounding whitespace stripped, at least one."""
+    items = [free_text(item.strip()) for item in value.split(",") if item.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError("give at least one value")
+    return items
+
+
+def _name(kind, max_length):
+    def parse(value):
+        problem = conf.name_problem(kind, value, max_length)
+        if problem:
+            raise argparse.ArgumentTypeError(problem)
+        return value
+
+    return parse
+
+
+queue_name = _name("queue name", conf.QUEUE_MAX_LENGTH)
+topic_name = _name("topic name", conf.TOPIC_MAX_LENGTH)
+
+
+def queue_list(value):
+    """Comma-separated queue names, at least one."""
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("give at least one queue name")
+    return [queue_name(name) for name in names]
+
+
+# --- numbers ----------------------------------------------------------------------------
+
+
+def _whole_number(text, minimum, words, maximum=BIGINT_MAX):
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value < minimum:
         raise argparse.ArgumentTypeError(f"must be {words}, not {value}")
+    if value > maximum:
+        raise argparse.ArgumentTypeError(f"must be at most {maximum}, not {value}")
     return value
 
 
@@ -20,3 +89,40 @@ def positive_int(text):
 
 def non_negative_int(text):
     return _whole_number(text, 0, "zero or more")
+
+
+def up_to(maximum, why):
+    """A positive_int of at most ``maximum``; ``why`` says why, after the limit."""
+
+    def parse(text):
+        value = positive_int(text)
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum} ({why}), not {value}")
+        return value
+
+    return parse
+
+
+def _seconds(text, allow_zero):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (0 <= value < math.inf) or (value == 0 and not allow_zero):
+        raise argparse.ArgumentTypeError(
+            f"must be {'zero or more' if allow_zero else 'more than zero'} seconds, not {text}"
+        )
+    if value > SECONDS_MAX:
+        raise argparse.ArgumentTypeError(
+            f"must be at most {SECONDS_MAX:.0f} seconds (about 292 years), not {text}"
+        )
+    return value
+
+
+def seconds(text):
+    """A number of seconds, more than zero."""
+    return _seconds(text, allow_zero=False)
+
+
+def seconds_or_zero(text):
+    return _seconds(text, allow_zero=True)

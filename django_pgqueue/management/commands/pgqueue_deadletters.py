@@ -21,9 +21,17 @@ from django.core.management.base import BaseCommand, CommandError
 from django.core.serializers.json import DjangoJSONEncoder
 from django.utils import timezone
 
-from django_pgqueue import conf, deadletters
+from django_pgqueue import deadletters
 from django_pgqueue.exceptions import DeadLetterError
-from django_pgqueue.management.options import positive_int
+from django_pgqueue.management.options import (
+    SECONDS_MAX,
+    free_text,
+    non_blank_text,
+    positive_int,
+    queue_name,
+    text_list,
+    topic_name,
+)
 from django_pgqueue.models import Category, DeadLetterState
 
 FILTERS = ("topic", "category", "state", "since", "ids")
@@ -43,16 +51,9 @@ COLUMNS = (
 )
 
 
-def _list_of(text):
-    items = [item.strip() for item in text.split(",") if item.strip()]
-    if not items:
-        raise argparse.ArgumentTypeError("give at least one value")
-    return items
-
-
 def _choices_list(choices, what):
     def parse(text):
-        items = _list_of(text)
+        items = text_list(text)
         for item in items:
             if item not in choices.values:
                 raise argparse.ArgumentTypeError(
@@ -77,7 +78,7 @@ def category(text):
 
 def id_list(text):
     ids = []
-    for item in _list_of(text):
+    for item in text_list(text):
         try:
             value = int(item)
         except ValueError:
@@ -122,27 +123,11 @@ def rate(text):
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not 0 < value < math.inf:
         raise argparse.ArgumentTypeError(f"must be more than zero messages per second, not {text}")
+    if 1 / value > SECONDS_MAX:  # the wait after each message
+        raise argparse.ArgumentTypeError(
+            f"must be at least one message every {SECONDS_MAX:.0f} seconds, not {text}"
+        )
     return value
-
-
-def _name(kind, max_length):
-    def parse(text):
-        problem = conf.name_problem(kind, text, max_length)
-        if problem:
-            raise argparse.ArgumentTypeError(problem)
-        return text
-
-    return parse
-
-
-queue_name = _name("queue name", conf.QUEUE_MAX_LENGTH)
-topic_name = _name("topic name", conf.TOPIC_MAX_LENGTH)
-
-
-def note(text):
-    if not text.strip():
-        raise argparse.ArgumentTypeError("must not be empty")
-    return text
 
 
 def _default_actor():
@@ -158,7 +143,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         filters = argparse.ArgumentParser(add_help=False)
         group = filters.add_argument_group("filters (all must match)")
-        group.add_argument("--topic", type=_list_of, help="comma-separated topics")
+        group.add_argument("--topic", type=text_list, help="comma-separated topics")
         group.add_argument(
             "--category",
             type=category_list,
@@ -186,6 +171,7 @@ class Command(BaseCommand):
         )
         action.add_argument(
             "--by",
+            type=free_text,
             default=None,
             help="who does it, for the audit fields (default: the login name)",
         )
@@ -210,12 +196,12 @@ class Command(BaseCommand):
             type=rate,
             help="revive at most N messages per second instead of all at once",
         )
-        reviving.add_argument("--note", type=note, help="a note for the audit trail")
+        reviving.add_argument("--note", type=non_blank_text, help="a note for the audit trail")
 
         resolving = subcommands.add_parser(
             "resolve", parents=[filters, action], help="close dead letters without reviving"
         )
-        resolving.add_argument("--note", type=note, required=True, help="why (required)")
+        resolving.add_argument("--note", type=non_blank_text, required=True, help="why (required)")
 
         categorizing = subcommands.add_parser(
             "categorize", parents=[filters, action], help="set the category of dead letters"
@@ -226,7 +212,7 @@ class Command(BaseCommand):
             required=True,
             help=f"the category: {', '.join(Category.values)}",
         )
-        categorizing.add_argument("--note", type=note, help="a note for the audit trail")
+        categorizing.add_argument("--note", type=non_blank_text, help="a note for the audit trail")
 
     def handle(self, *args, action, **options):
         try:

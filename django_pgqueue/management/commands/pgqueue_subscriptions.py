@@ -13,6 +13,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from django_pgqueue import stats, subscriptions
 from django_pgqueue.exceptions import SubscriptionError
+from django_pgqueue.management.options import free_text
 from django_pgqueue.stream_models import LAG_COUNT_CAP
 
 
@@ -43,7 +44,7 @@ class Command(BaseCommand):
             ("reset", "move the checkpoint (events after --to are delivered)"),
         ]:
             action = actions.add_parser(name, help=text)
-            action.add_argument("names", nargs="+", metavar="NAME")
+            action.add_argument("names", nargs="+", type=free_text, metavar="NAME")
         actions.choices["reset"].add_argument(
             "--to",
             type=target,
