@@ -54,13 +54,16 @@ The payload (JSON object)::
                       and category (count > 1); "" when the admin's URLs
                       cannot be reversed
     text              the same in one line, for chat webhooks (Slack,
-                      Mattermost) that show a "text" field
+                      Mattermost, Teams) that show a "text" field; what
+                      came from the dead letter is inert there (see
+                      ``chat_text``), the other fields are as they are
 
 Delivery, its failures and the secrecy of the webhook's headers: see
 ``handlers.py``.
 """
 
 import logging
+import re
 from dataclasses import dataclass
 from urllib.parse import urlencode
 
@@ -208,16 +211,14 @@ def build_payload(dead_letter, suppressed):
         reason = reason[: REASON_MAX_LENGTH - 1] + "…"
     at = dead_letter.dead_lettered_at
     url = admin_url(dead_letter, count)
+    topic, category = chat_text(dead_letter.topic), chat_text(dead_letter.category)
     if count == 1:
-        text = f"Dead letter in {dead_letter.topic} ({dead_letter.category})"
+        text = f"Dead letter in {topic} ({category})"
     else:
-        text = (
-            f"{count} dead letters in {dead_letter.topic} ({dead_letter.category}) "
-            "since the last alert"
-        )
-    text += f" on queue {dead_letter.queue}: {reason}"
+        text = f"{count} dead letters in {topic} ({category}) since the last alert"
+    text += f" on queue {chat_text(dead_letter.queue)}: {chat_text(reason)}"
     if url:
-        text += f" {url}"
+        text += f" {slack_escape(url)}"
     return {
         "event": "dead_lettered",
         "topic": dead_letter.topic,
@@ -235,6 +236,35 @@ def build_payload(dead_letter, suppressed):
         "admin_url": url,
         "text": text,
     }
+
+
+# Slack's control characters, escaped as its message formatting asks; Slack,
+# and the markdown of Mattermost and Teams, show the entities as the
+# characters.
+_SLACK_ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})
+# Line and paragraph breaks and other control characters: the text stays one
+# line (a markdown link definition or a block needs a line of its own).
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+ZERO_WIDTH_SPACE = "\u200b"
+
+
+def slack_escape(text):
+    """``text`` with ``&``, ``<`` and ``>`` escaped (Slack's mrkdwn)."""
+    return text.translate(_SLACK_ESCAPES)
+
+
+def chat_text(value):
+    """``value`` (a topic, queue, reason: anything a client or an exception
+    wrote) made inert in a chat message's text, where it would otherwise
+    ping or link: Slack's ``<!channel>``, ``<!here>``, ``<@U123>``,
+    ``<#C123>`` and ``<http://x|label>`` (escaped), a mention of anyone or
+    everyone (``@channel``, ``@here``, ``@everyone``, ``@all``, ``@name``:
+    a zero-width space after every ``@``), and a markdown link or image
+    ``[label](http://x)`` (a zero-width space between ``]`` and ``(``).
+    Shown, it reads as written (a zero-width space is invisible)."""
+    value = _CONTROL_RE.sub(" ", str(value))
+    value = slack_escape(value).replace("@", "@" + ZERO_WIDTH_SPACE)
+    return value.replace("](", "]" + ZERO_WIDTH_SPACE + "(")
 
 
 def admin_url(dead_letter, count):

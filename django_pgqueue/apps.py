@@ -1,5 +1,6 @@
 import django
 from django.apps import AppConfig
+from django.core.signals import setting_changed
 from django.db.models.signals import post_migrate
 
 
@@ -10,10 +11,13 @@ class PgQueueConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from . import alerts, checks, notify, registry
+        from . import alerts, checks, conf, notify, registry
         from .signals import dead_lettered
 
         checks.register()
+        # Secret settings never show on Django's debug page (see conf.Secret).
+        conf.hide_secrets()
+        setting_changed.connect(_hide_changed_secrets, dispatch_uid="django_pgqueue.secrets")
         # Keep the insert trigger's state in step with PGQUEUE["NOTIFY"].
         post_migrate.connect(notify.sync_trigger_after_migrate, sender=self)
         # Dead-letter alerts (they do nothing while ALERT_WEBHOOK_URL is None).
@@ -25,3 +29,10 @@ class PgQueueConfig(AppConfig):
         if django.VERSION >= (6, 0):
             # The django.tasks backend: its handler runs tasks in the worker.
             from . import tasks  # noqa: F401
+
+
+def _hide_changed_secrets(setting, value, **kwargs):
+    if setting == "PGQUEUE":
+        from . import conf
+
+        conf.hide_secrets(value)

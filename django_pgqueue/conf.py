@@ -6,6 +6,7 @@ problems that ``checks.py`` turns into system-check errors.
 """
 
 import difflib
+import ipaddress
 import re
 from urllib.parse import urlsplit
 
@@ -94,6 +95,11 @@ DEFAULTS = {
     "METRICS_ACCESS": "staff",
     "HEALTH_ACCESS": "open",
     "ENDPOINT_TOKEN": None,
+    # Address a worker's --metrics-port and --health-port listen on (its
+    # --http-host option overrides it). Loopback by default: those ports
+    # answer everyone who can reach them unless the matching *_ACCESS is
+    # "token"; "0.0.0.0" or "::" opens them to every network of the host.
+    "WORKER_HTTP_HOST": "127.0.0.1",
     # Dead-letter alerts: a JSON POST to this URL (None: no alerts), at most
     # one per topic and category per ALERT_WINDOW seconds (the next one tells
     # how many were held back). Sent by a worker as a message of its own
@@ -146,6 +152,19 @@ def name_problem(kind, value, max_length):
             f"{kind} {value!r} may contain only letters, digits and _ . : / - "
             "and must not start with punctuation other than _"
         )
+    return None
+
+
+def text_problem(text):
+    """Why the string ``text`` cannot go to PostgreSQL as text, or None. It
+    cannot hold NUL; and bytes that are not UTF-8 (a command line's arrive as
+    lone surrogates) cannot be encoded at all."""
+    if "\x00" in text:
+        return "must not contain a NUL character"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return f"{text!r} is not valid UTF-8 text"
     return None
 
 
@@ -241,6 +260,34 @@ def _token(value):
     if not isinstance(value, str) or len(value) < 16:
         return "must be a string of at least 16 characters, or None"
     return None
+
+
+_HOST_LABEL_RE = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)\Z")
+
+
+def host_problem(value):
+    """Why ``value`` cannot be the address a worker's HTTP ports listen on
+    (WORKER_HTTP_HOST, --http-host), or None: an IPv4 or IPv6 address, or a
+    host name. Whether it can be bound is known only when the worker binds."""
+    if not isinstance(value, str) or not value:
+        return "must be an IP address or a host name (a non-empty string)"
+    try:
+        ipaddress.ip_address(value)
+        return None
+    except ValueError:
+        pass
+    labels = value.split(".")
+    # An all-digit last label is a mistyped IPv4 address ("10.0.0.256"), not a name.
+    if (
+        len(value) <= 253
+        and all(_HOST_LABEL_RE.match(label) for label in labels)
+        and not labels[-1].isdigit()
+    ):
+        return None
+    return (
+        "must be an IP address (e.g. 127.0.0.1, 0.0.0.0, ::1) or a host name, "
+        "without brackets or a port"
+    )
 
 
 def _http_url(value):
@@ -371,6 +418,7 @@ _VALIDATORS = {
     "METRICS_ACCESS": _access,
     "HEALTH_ACCESS": _access,
     "ENDPOINT_TOKEN": _token,
+    "WORKER_HTTP_HOST": host_problem,
     "ALERT_WEBHOOK_URL": _webhook_url,
     "ALERT_WEBHOOK_HEADERS": _headers,
     "ALERT_WEBHOOK_TIMEOUT": _webhook_timeout,
@@ -448,3 +496,39 @@ def validate():
 # Settings whose values are secrets: never echoed in check messages or logs
 # (a webhook URL may carry a token in its path or query string).
 SECRET_KEYS = frozenset({"ENDPOINT_TOKEN", "ALERT_WEBHOOK_HEADERS", "ALERT_WEBHOOK_URL"})
+
+
+class Secret(str):
+    """A secret setting's value: the same string to every use (equal to it,
+    sent as it is), but its repr is Django's mask. Django's debug page (the
+    technical 500 page and its text and e-mail forms) masks settings by name
+    only (API, AUTH, TOKEN, KEY, SECRET, PASS, SIGNATURE), which
+    "ALERT_WEBHOOK_URL" and the header names in "ALERT_WEBHOOK_HEADERS" need
+    not match, and shows every other value through repr(), as do pprint and
+    the debug page's local variables."""
+
+    __slots__ = ()
+
+    def __repr__(self):
+        return "'********************'"
+
+
+def hide_secrets(user=None):
+    """Make the secret values of the PGQUEUE setting (``user``, default the
+    current one) ``Secret`` strings, in place, so that no debug page shows
+    them whatever the project's exception reporter filter. Called when the
+    app is ready and whenever PGQUEUE changes (override_settings); anything
+    that is not a string is left to the system checks."""
+    if user is None:
+        user = getattr(settings, "PGQUEUE", None)
+    if not isinstance(user, dict):
+        return
+    for key in ("ENDPOINT_TOKEN", "ALERT_WEBHOOK_URL"):
+        value = user.get(key)
+        if isinstance(value, str) and not isinstance(value, Secret):
+            user[key] = Secret(value)
+    headers = user.get("ALERT_WEBHOOK_HEADERS")
+    if isinstance(headers, dict):
+        for name, value in list(headers.items()):
+            if isinstance(value, str) and not isinstance(value, Secret):
+                headers[name] = Secret(value)

@@ -5,8 +5,10 @@
 - System: the queue database answers, and every configured queue
   (``PGQUEUE["QUEUES"]``) has at least one worker with a fresh heartbeat.
   For a load balancer or an uptime monitor: "is anything consuming?".
-- Worker: its main loop goes round and its database connection works. For
-  an orchestrator's liveness probe: "should this process be restarted?".
+- Worker: its main loop goes round (and its stream delivery thread, when it
+  serves subscriptions: ``Worker.health``) and its database connection
+  works. For an orchestrator's liveness probe: "should this process be
+  restarted?".
 
 Both answer 200 or 503 with a JSON body that says why. Database error texts
 (host names, ports) are logged, not served: the body says what failed.
@@ -15,11 +17,11 @@ Both answer 200 or 503 with a JSON body that says why. Database error texts
 import json
 import logging
 import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import BaseHTTPRequestHandler
 
 from django.db import DatabaseError, connections
 
-from . import conf, stats
+from . import conf, endpoints, stats
 
 logger = logging.getLogger(__name__)
 
@@ -77,13 +79,18 @@ class WorkerHealthServer:
     """A worker's ``--health-port``: ``GET /`` (or ``/health``, ``/healthz``)
     answers 200 while ``worker.health()`` is good and a ``SELECT 1`` on the
     server's own connection works, else 503. One thread serves requests one
-    at a time, so it keeps one database connection."""
+    at a time, so it keeps one database connection.
+
+    It listens on ``host`` (default ``PGQUEUE["WORKER_HTTP_HOST"]``, loopback)
+    and asks for the bearer token when HEALTH_ACCESS is "token" (see
+    ``endpoints``)."""
 
     PATHS = ("/", "/health", "/healthz")
 
-    def __init__(self, worker, port, host="0.0.0.0"):
+    def __init__(self, worker, port, host=None):
         self.worker = worker
-        self._server = HTTPServer((host, port), self._handler_class())
+        host = host or conf.get("WORKER_HTTP_HOST")
+        self._server = endpoints.WorkerHTTPServer((host, port), self._handler_class())
         self._thread = threading.Thread(target=self._serve, name="pgqueue-health", daemon=True)
 
     @property
@@ -118,6 +125,13 @@ class WorkerHealthServer:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):  # noqa: N802  (the http.server API)
+                # Before anything else, the path list of a 404 included.
+                refusal = endpoints.worker_refusal(
+                    "HEALTH_ACCESS", self.headers.get("Authorization")
+                )
+                if refusal is not None:
+                    self._send(*refusal)
+                    return
                 if self.path.split("?", 1)[0] not in server.PATHS:
                     self._answer(404, {"status": "not found", "paths": list(server.PATHS)})
                     return
@@ -129,11 +143,14 @@ class WorkerHealthServer:
                 self._answer(200 if healthy else 503, details)
 
             def _answer(self, status, body):
-                data = json.dumps(body).encode()
+                headers = [("Content-Type", "application/json"), ("Cache-Control", "no-store")]
+                self._send(status, headers, json.dumps(body).encode())
+
+            def _send(self, status, headers, data):
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                for name, value in headers:
+                    self.send_header(name, value)
                 self.send_header("Content-Length", str(len(data)))
-                self.send_header("Cache-Control", "no-store")
                 self.end_headers()
                 self.wfile.write(data)
 

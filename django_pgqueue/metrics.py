@@ -16,12 +16,13 @@ else in django-pgqueue works, and asking for metrics says what to install.
 """
 
 import logging
+import threading
 import time
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError
 
-from . import conf, stats
+from . import conf, endpoints, stats
 
 logger = logging.getLogger(__name__)
 
@@ -257,10 +258,21 @@ class WorkerMetrics:
 
     # --- serving ----------------------------------------------------------------
 
-    def serve(self, port, host="0.0.0.0"):
-        """Serve this registry over HTTP on a daemon thread; returns the port."""
-        self._server, _ = _client().start_http_server(port, addr=host, registry=self.registry)
-        return self._server.server_port
+    def serve(self, port, host=None):
+        """Serve this registry over HTTP on a daemon thread; returns the port.
+
+        It listens on ``host`` (default ``PGQUEUE["WORKER_HTTP_HOST"]``,
+        loopback) and asks for the bearer token when METRICS_ACCESS is
+        "token" (see ``endpoints``). prometheus_client's own server cannot
+        check a token, so its WSGI app is served behind that check."""
+        app = endpoints.guarded_wsgi_app(_client().make_wsgi_app(self.registry), "METRICS_ACCESS")
+        server = endpoints.WorkerWSGIServer(
+            (host or conf.get("WORKER_HTTP_HOST"), port), endpoints.QuietWSGIRequestHandler
+        )
+        server.set_app(app)
+        threading.Thread(target=server.serve_forever, name="pgqueue-metrics", daemon=True).start()
+        self._server = server
+        return server.server_port
 
     def close(self):
         if self._server is not None:

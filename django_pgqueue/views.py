@@ -6,13 +6,11 @@ authentication middleware) or "token" (``Authorization: Bearer
 <ENDPOINT_TOKEN>``, compared in constant time).
 """
 
-import hmac
-
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
 
-from . import conf
+from . import conf, endpoints
 from . import health as health_checks
 from . import metrics as prometheus
 
@@ -23,16 +21,11 @@ def _refusal(request, setting):
     if access == "open":
         return None
     if access == "token":
-        expected = conf.get("ENDPOINT_TOKEN") or ""
-        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-        if (
-            expected
-            and scheme.lower() == "bearer"
-            and hmac.compare_digest(given.strip().encode(), expected.encode())
-        ):
+        # The same check as a worker's own ports (endpoints.worker_refusal).
+        if endpoints.token_matches(request.headers.get("Authorization")):
             return None
-        response = HttpResponse("A valid bearer token is required.\n", status=401)
-        response["WWW-Authenticate"] = 'Bearer realm="django-pgqueue"'
+        response = HttpResponse(endpoints.TOKEN_REQUIRED, status=401)
+        response["WWW-Authenticate"] = endpoints.AUTHENTICATE
         response["Content-Type"] = "text/plain; charset=utf-8"
         return response
     user = getattr(request, "user", None)

@@ -12,9 +12,13 @@ row an admin request could touch (``snapshot``).
 
 import datetime
 import hmac
+import json
 import logging
+import os
 import re
 import socket
+import subprocess
+import sys
 import traceback
 from io import StringIO
 from types import SimpleNamespace
@@ -28,7 +32,7 @@ from django.contrib.auth.models import Permission, User
 from django.core.management import CommandError, call_command
 from django.core.management.base import SystemCheckError
 from django.test import Client, override_settings
-from django.urls import reverse
+from django.urls import path, reverse
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -47,6 +51,7 @@ from django_pgqueue.models import (
 from django_pgqueue.notify import CHANNEL
 from django_pgqueue.registry import handler
 
+from .conftest import MANAGE, wait_until
 from .test_alerts import Webhook
 
 NEW, REVIVED, RESOLVED = DeadLetterState.NEW, DeadLetterState.REVIVED, DeadLetterState.RESOLVED
@@ -621,11 +626,58 @@ def test_the_alerts_admin_link_encodes_the_topic(admin_client, make_dead_letter)
     url = urlsplit(payload["admin_url"])
     assert not set('<>"') & set(payload["admin_url"]), payload["admin_url"]
     assert parse_qs(url.query) == {"topic__exact": [topic], "category__exact": ["business"]}
-    assert payload["text"].endswith(" " + payload["admin_url"])
+    # In the chat text, "&" is "&amp;" as Slack asks (it shows and links "&").
+    assert payload["text"].endswith(" " + payload["admin_url"].replace("&", "&amp;"))
     response = admin_client.get(f"{url.path}?{url.query}")
     assert listed(response) == {d.pk for d in ours}, "the link's filter was changed by the topic"
     page = response.content.decode()
     assert "<b>x</b>" not in page and "&lt;b&gt;x&lt;/b&gt;" in page
+
+
+@pytest.mark.django_db
+def test_the_alerts_chat_text_pings_and_links_nobody(make_dead_letter, webhook):
+    """A topic and queue written past enqueue()'s validation, and an
+    exception's text, carry every way a chat message pings or links (Slack's
+    <!channel>, <@U123>, <#C123>, <url|label>; @here and the like; markdown
+    links): the alert that reaches a real webhook shows them inert in
+    "text", and as written in the other fields."""
+    z = "\u200b"  # zero-width space
+    topic = "orders.<!channel>\n[x]: http://evil.example"
+    queue = "<@U999>@all"
+    reason = (
+        "ValueError: <!everyone> <!here|here> @channel @everyone <@U123> <#C123|general> "
+        "<!subteam^S1> [click](http://evil.example/x) ![i](http://evil.example/i.png) "
+        "<http://evil.example|your bank> a&b"
+    )
+    dead = make_dead_letter(topic=topic, queue=queue, reason=reason + "\nsecond line")
+    site = {"ALERT_WEBHOOK_URL": webhook.url, "ALERT_SITE_URL": "https://ops.test"}
+    with override_settings(PGQUEUE=site):
+        assert pgqueue_handlers.deliver(alerts.build_payload(dead, suppressed=0)) == 200
+    [request] = webhook.requests
+    link = f"https://ops.test/admin/django_pgqueue/deadletter/{dead.pk}/change/"
+    assert request.body == {
+        "event": "dead_lettered",
+        "topic": topic,
+        "category": "transient",
+        "queue": queue,
+        "reason": reason,
+        "dead_letter_id": dead.pk,
+        "message_id": dead.message_id,
+        "attempts": 5,
+        "worker": "",
+        "dead_lettered_at": dead.dead_lettered_at.isoformat(),
+        "count": 1,
+        "suppressed": 0,
+        "window_seconds": conf.DEFAULTS["ALERT_WINDOW"],
+        "admin_url": link,
+        "text": f"Dead letter in orders.&lt;!channel&gt; [x]: http://evil.example (transient) "
+        f"on queue &lt;@{z}U999&gt;@{z}all: ValueError: &lt;!everyone&gt; &lt;!here|here&gt; "
+        f"@{z}channel @{z}everyone &lt;@{z}U123&gt; &lt;#C123|general&gt; &lt;!subteam^S1&gt; "
+        f"[click]{z}(http://evil.example/x) ![i]{z}(http://evil.example/i.png) "
+        f"&lt;http://evil.example|your bank&gt; a&amp;b {link}",
+    }
+    text = request.body["text"]
+    assert not re.search(r"<|>|@\w|\]\(|\n", text), "a ping, link or line break got through"
 
 
 # --- 4. the metrics and health URLs -----------------------------------------------------
@@ -727,6 +779,164 @@ def test_an_unknown_access_value_is_a_check_error_and_lets_only_staff_in(client,
             assert "must be one of 'open', 'staff', 'token'" in error.msg
             assert answer(client, endpoint).status_code == 403, f"{setting}={value!r} is open"
             assert answer(client, endpoint, make_user(f"s-{setting}")).status_code in SERVED
+
+
+# A worker's own ports (--metrics-port, --health-port): where they listen, and
+# the token.
+
+
+def listening_on(port):
+    """The local addresses at which a socket of this host listens on TCP
+    ``port``, as the kernel reports them (/proc/net/tcp and tcp6)."""
+    found = set()
+    for name, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+        with open(f"/proc/net/{name}") as table:
+            for line in table.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                address, hex_port = local.split(":")
+                if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                    raw = bytes.fromhex(address)  # 32-bit words in host (little-endian) order
+                    raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+                    found.add(socket.inet_ntop(family, raw))
+    return found
+
+
+def other_addresses_of_this_host():
+    """This host's own IPv4 addresses other than loopback (/proc/net/fib_trie)."""
+    with open("/proc/net/fib_trie") as trie:
+        lines = trie.read().splitlines()
+    return {
+        previous.split()[-1]
+        for previous, line in zip(lines, lines[1:], strict=False)
+        if line.strip() == "/32 host LOCAL" and not previous.split()[-1].startswith("127.")
+    }
+
+
+def logged_url(worker, kind):
+    """(host, port) of the URL a worker logged for its ``kind`` port."""
+    pattern = re.compile(rf"{kind} on http://\[?([^\]/]+?)\]?:(\d+)/")
+    found = wait_until(lambda: pattern.search(worker.log()), timeout=20, message=f"{kind} port")
+    return found.group(1), int(found.group(2))
+
+
+def port_get(url, authorization=None):
+    """(status, headers, body) of a GET, proxies of the environment ignored."""
+    import urllib.error
+    import urllib.request
+
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    headers = {"Authorization": authorization} if authorization else {}
+    try:
+        with opener.open(urllib.request.Request(url, headers=headers), timeout=10) as response:
+            return response.status, response.headers, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers, error.read().decode()
+
+
+@pytest.mark.slow
+def test_a_workers_ports_listen_on_loopback_only_by_default(start_worker):
+    worker = start_worker("--metrics-port", "0", "--health-port", "0", "--poll-interval", "0.2")
+    (metrics_host, metrics), (health_host, health) = (
+        logged_url(worker, "metrics"),
+        logged_url(worker, "health"),
+    )
+    assert (metrics_host, health_host) == ("127.0.0.1", "127.0.0.1")
+    assert listening_on(metrics) == {"127.0.0.1"}
+    assert listening_on(health) == {"127.0.0.1"}
+    others = other_addresses_of_this_host()
+    assert others, "this host has no other address: the test cannot try one"
+    for address in others:
+        for port in (metrics, health):
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection((address, port), timeout=10).close()
+    # Loopback answers; the default METRICS_ACCESS ("staff") and HEALTH_ACCESS
+    # ("open") ask for no token on a worker's port, which has no users.
+    assert port_get(f"http://127.0.0.1:{metrics}/")[0] == 200
+    assert wait_until(lambda: port_get(f"http://127.0.0.1:{health}/")[0] == 200)
+    assert "answers anyone" not in worker.log()
+
+
+@pytest.mark.slow
+def test_the_setting_and_the_option_choose_where_a_workers_ports_listen(start_worker):
+    """PGQUEUE["WORKER_HTTP_HOST"] moves both ports; --http-host overrides it;
+    an IPv6 address works too. (127.0.0.2 and .3 are loopback addresses
+    other than the default.)"""
+    setting = {"WORKER_HTTP_HOST": "127.0.0.2"}
+    by_setting = start_worker("--metrics-port", "0", "--health-port", "0", pgqueue=setting)
+    by_option = start_worker("--health-port", "0", "--http-host", "127.0.0.3", pgqueue=setting)
+    ipv6 = start_worker("--metrics-port", "0", "--http-host", "::1", pgqueue=setting)
+    for worker, kind, host in [
+        (by_setting, "metrics", "127.0.0.2"),
+        (by_setting, "health", "127.0.0.2"),
+        (by_option, "health", "127.0.0.3"),
+        (ipv6, "metrics", "::1"),
+    ]:
+        logged, port = logged_url(worker, kind)
+        assert (logged, listening_on(port)) == (host, {host}), f"{kind} of {worker.log()}"
+        url = f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+        assert port_get(url)[0] in (200, 503)
+
+
+@pytest.mark.slow
+def test_a_workers_ports_ask_for_the_token_when_their_access_is_token(start_worker):
+    settings = {"METRICS_ACCESS": "token", "HEALTH_ACCESS": "token", "ENDPOINT_TOKEN": TOKEN}
+    worker = start_worker(
+        "--metrics-port", "0", "--health-port", "0", "--poll-interval", "0.2", pgqueue=settings
+    )
+    urls = {
+        kind: f"http://127.0.0.1:{logged_url(worker, kind)[1]}/" for kind in ("metrics", "health")
+    }
+    refused = [None, f"Bearer {TOKEN}x", f"Bearer {TOKEN[:-1]}", f"Basic {TOKEN}", TOKEN, "Bearer "]
+    for kind, url in urls.items():
+        for authorization in refused:
+            for page in ("", "nope"):  # a wrong path is refused first: nothing is told
+                status, headers, body = port_get(url + page, authorization)
+                assert status == 401, f"{kind} {authorization!r}: {status} {body}"
+                assert headers["WWW-Authenticate"] == 'Bearer realm="django-pgqueue"'
+                assert body == "A valid bearer token is required.\n"
+    status, _, body = port_get(urls["metrics"], f"Bearer {TOKEN}")
+    assert status == 200 and "pgqueue_worker_inflight " in body
+    status, _, body = wait_until(
+        lambda: (lambda got: got if got[0] == 200 else None)(
+            port_get(urls["health"], f"bearer {TOKEN}")
+        ),
+        message="a healthy worker",
+    )
+    assert json.loads(body)["status"] == "ok"
+    assert TOKEN not in worker.log()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_workers_ports_on_every_network_without_a_token_are_a_warning(caplog):
+    """Listening on 0.0.0.0 (for as long as a --burst worker runs) while an
+    access setting is not "token" is logged as a warning that says what to do."""
+    caplog.set_level(logging.INFO, logger="django_pgqueue")
+    settings = {"METRICS_ACCESS": "token", "ENDPOINT_TOKEN": TOKEN}
+    with override_settings(PGQUEUE=settings):
+        call_command(
+            "pgqueue_worker", "--burst", "--metrics-port", "0", "--health-port", "0",
+            "--http-host", "0.0.0.0",
+        )  # fmt: skip
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1, warnings
+    assert re.match(r"Worker \S+: the health port on 0\.0\.0\.0 answers anyone", warnings[0])
+    assert "set PGQUEUE['HEALTH_ACCESS'] to 'token'" in warnings[0]
+
+
+@pytest.mark.parametrize(
+    "host", ["127.0.0.1:9100", "[::1]", "", "0.0.0.256", "a host", "x-.example.com"]
+)
+def test_a_bad_http_host_option_is_refused(host):
+    with pytest.raises(CommandError, match="--http-host.*must be an IP address"):
+        call_command("pgqueue_worker", "--burst", "--http-host", host)
+
+
+@pytest.mark.parametrize(
+    "host", ["127.0.0.1", "0.0.0.0", "::", "::1", "10.1.2.3", "localhost", "worker-1.internal"]
+)
+def test_addresses_and_host_names_are_good_listen_addresses(host):
+    with override_settings(PGQUEUE={"WORKER_HTTP_HOST": host}):
+        assert run_checks() == []
 
 
 # --- 5. hostile names ---------------------------------------------------------------------
@@ -844,8 +1054,7 @@ def test_the_commands_refuse_hostile_names(name):
 
 
 @pytest.mark.django_db
-# Left out: "" (argparse refuses it) and a NUL, which the command passes to
-# PostgreSQL as is (a DataError; pgqueue_deadletters.py is outside this change).
+# Left out: "" and a NUL, which argparse refuses (--topic: tests/test_commands.py).
 @hostile_params({k: v for k, v in HOSTILE.items() if v and "\x00" not in v})
 def test_a_hostile_topic_filter_of_the_deadletters_command_is_only_a_value(make_dead_letter, name):
     dead = make_dead_letter()
@@ -1125,3 +1334,84 @@ def test_a_password_in_the_webhook_url_never_reaches_an_exception_message():
         with pytest.raises(pgqueue_handlers.WebhookUnavailable) as caught:
             pgqueue_handlers.deliver({"topic": "t", "category": "unknown"})
     assert_no_secret("".join(traceback.format_exception(caught.value)), "the exception")
+
+
+# This module doubles as a URLconf for the debug page test. (The page shows
+# the source lines around each frame: keep secrets out of this one's.)
+def crash(request):
+    raise RuntimeError("the view failed")
+
+
+urlpatterns = [path("crash/", crash)]
+
+
+# Django's debug page (DEBUG = True, and the error e-mail to ADMINS) masks a
+# setting by its name: API, AUTH, TOKEN, KEY, SECRET, PASS, SIGNATURE, in
+# nested dicts too. Neither "ALERT_WEBHOOK_URL" (a Slack hook URL is its
+# token) nor a header name like "X-Hook-Credential" is such a name.
+CREDENTIAL = "cred-7e6d5c4b3a291807"
+SLACK_HOOK = f"https://hooks.slack.com/services/T0/B0/{QUERY_TOKEN}"
+
+
+def secret_settings():
+    return {
+        "ENDPOINT_TOKEN": TOKEN,
+        "ALERT_WEBHOOK_URL": SLACK_HOOK,
+        "ALERT_WEBHOOK_HEADERS": {**HEADERS, "X-Hook-Credential": CREDENTIAL},
+    }
+
+
+def assert_settings_shown_but_no_secret(page, where):
+    assert "the view failed" in page, f"not Django's debug page: {page[:2000]}"
+    for name in ("PGQUEUE", "ENDPOINT_TOKEN", "ALERT_WEBHOOK_URL", "X-Hook-Credential"):
+        assert name in page, f"{name} is missing from {where}"
+    assert "********************" in page
+    for secret in (TOKEN, QUERY_TOKEN, HEADER_TOKEN, HEADER_KEY, CREDENTIAL, "hooks.slack.com"):
+        assert secret not in page, f"{secret!r} is on {where}"
+
+
+@pytest.mark.django_db
+def test_djangos_debug_page_shows_the_secret_settings_names_but_not_their_values():
+    settings = secret_settings()
+    with override_settings(DEBUG=True, ROOT_URLCONF=__name__, PGQUEUE=settings):
+        client = Client(raise_request_exception=False)
+        html = client.get("/crash/", headers={"Accept": "text/html"})
+        text = client.get("/crash/", headers={"Accept": "text/plain"})
+        # Still the very values to every other use.
+        assert conf.get("ALERT_WEBHOOK_URL") == SLACK_HOOK
+        assert conf.get("ALERT_WEBHOOK_HEADERS") == secret_settings()["ALERT_WEBHOOK_HEADERS"]
+        assert conf.get("ENDPOINT_TOKEN") == TOKEN
+    assert (html.status_code, text.status_code) == (500, 500)
+    assert html["Content-Type"].startswith("text/html")
+    assert text["Content-Type"].startswith("text/plain")
+    assert_settings_shown_but_no_secret(html.content.decode(), "the HTML debug page")
+    assert_settings_shown_but_no_secret(text.content.decode(), "the text debug page")
+
+
+def test_the_settings_files_secrets_are_hidden_from_the_debug_page_too():
+    """PGQUEUE as the settings module defines it (not override_settings): the
+    report Django renders in a fresh process, as for the debug page and the
+    error e-mail."""
+    code = (
+        "import sys\n"
+        "from django.views.debug import ExceptionReporter\n"
+        "try:\n"
+        "    raise RuntimeError('the view failed')\n"
+        "except RuntimeError:\n"
+        "    reporter = ExceptionReporter(None, *sys.exc_info())\n"
+        "    print(reporter.get_traceback_text())\n"
+        "    print('=' * 40)\n"
+        "    print(reporter.get_traceback_html())\n"
+    )
+    env = {**os.environ, "PGQUEUE_JSON": json.dumps(secret_settings())}
+    done = subprocess.run(
+        [sys.executable, str(MANAGE), "shell", "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    text, html = done.stdout.split("=" * 40)
+    assert_settings_shown_but_no_secret(text, "the text report")
+    assert_settings_shown_but_no_secret(html, "the HTML report")

@@ -1,5 +1,5 @@
 """manage.py pgqueue_worker: run a worker until SIGTERM/SIGINT (or, with
---burst, until nothing is ready)."""
+--burst, until nothing is ready and its subscriptions have caught up)."""
 
 import argparse
 import logging
@@ -10,40 +10,20 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
-from django_pgqueue import conf
+from django_pgqueue import conf, endpoints
 from django_pgqueue.health import WorkerHealthServer
-from django_pgqueue.management.options import non_negative_int, positive_int
+from django_pgqueue.management.options import (
+    non_negative_int,
+    positive_int,
+    queue_list,
+    seconds,
+    seconds_or_zero,
+    up_to,
+)
 from django_pgqueue.metrics import WorkerMetrics
 from django_pgqueue.worker import Worker
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-
-
-def seconds(text, allow_zero=False):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not (0 <= value < float("inf")) or (value == 0 and not allow_zero):
-        raise argparse.ArgumentTypeError(
-            f"must be {'zero or more' if allow_zero else 'more than zero'} seconds, not {text}"
-        )
-    return value
-
-
-def seconds_or_zero(text):
-    return seconds(text, allow_zero=True)
-
-
-def queue_list(text):
-    queues = [q.strip() for q in text.split(",") if q.strip()]
-    if not queues:
-        raise argparse.ArgumentTypeError("give at least one queue name")
-    for name in queues:
-        problem = conf.name_problem("queue name", name, conf.QUEUE_MAX_LENGTH)
-        if problem:
-            raise argparse.ArgumentTypeError(problem)
-    return queues
 
 
 def port(text):
@@ -56,6 +36,13 @@ def port(text):
             f"must be a port from 0 to 65535 (0: any free one), not {text}"
         )
     return value
+
+
+def http_host(text):
+    problem = conf.host_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return text
 
 
 def subscription_list(text):
@@ -90,7 +77,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--concurrency",
-            type=positive_int,
+            type=up_to(1000, "one thread and database connection each"),
             default=4,
             help="handler threads, each with its own database connection (default: 4)",
         )
@@ -108,7 +95,12 @@ class Command(BaseCommand):
             help="messages claimed ahead of the running ones, so claims stay batches while "
             "every thread is busy; handed back at shutdown (default: the batch size)",
         )
-        parser.add_argument("--burst", action="store_true", help="exit 0 when no message is ready")
+        parser.add_argument(
+            "--burst",
+            action="store_true",
+            help="exit 0 when no message is ready and the stream subscriptions it serves have "
+            "delivered every event that is due",
+        )
         parser.add_argument(
             "--max-messages",
             type=positive_int,
@@ -150,8 +142,11 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--http-host",
-            default="0.0.0.0",
-            help="address the metrics and health ports listen on (default: 0.0.0.0)",
+            type=http_host,
+            default=None,
+            help="address the metrics and health ports listen on, e.g. a private "
+            "interface's or 0.0.0.0 (default: PGQUEUE['WORKER_HTTP_HOST'], 127.0.0.1: "
+            "this host only)",
         )
         parser.add_argument(
             "--subscriptions",
@@ -191,15 +186,13 @@ class Command(BaseCommand):
         )
         servers = []
         try:
-            host = options["http_host"]
+            host = options["http_host"] or conf.get("WORKER_HTTP_HOST")
             if metrics is not None:
                 bound = _listen(
                     "--metrics-port", lambda: metrics.serve(options["metrics_port"], host)
                 )
                 servers.append(metrics)
-                worker_log.info(
-                    "Worker %s: metrics on http://%s:%s/", worker.worker_id, host, bound
-                )
+                _announce(worker, "metrics", host, bound, "METRICS_ACCESS")
             if options["health_port"] is not None:
                 health = _listen(
                     "--health-port",
@@ -207,13 +200,17 @@ class Command(BaseCommand):
                 )
                 servers.append(health)
                 health.start()
-                worker_log.info(
-                    "Worker %s: health on http://%s:%s/", worker.worker_id, host, health.port
-                )
+                _announce(worker, "health", host, health.port, "HEALTH_ACCESS")
             worker.run(install_signals=True)
         finally:
             for server in servers:
                 server.close()
+        if options["burst"] and worker.stream_delivery_died:
+            # Exit 0 would tell a script that every due event was delivered.
+            raise CommandError(
+                f"stream delivery stopped ({worker.stream_delivery_died}); the events after "
+                "the subscriptions' checkpoints were not all delivered"
+            )
 
     def _configure_logging(self, level):
         logger = logging.getLogger("django_pgqueue")
@@ -236,6 +233,22 @@ def _listen(option, bind):
         return bind()
     except OSError as exc:
         raise CommandError(f"{option}: cannot listen ({exc.strerror or exc})") from None
+
+
+def _announce(worker, kind, host, port, access):
+    """Log where a port listens, and warn when it answers every network
+    without asking for the token."""
+    worker_log.info("Worker %s: %s on %s", worker.worker_id, kind, endpoints.url(host, port))
+    if not endpoints.is_private(host) and conf.get(access) != "token":
+        worker_log.warning(
+            "Worker %s: the %s port on %s answers anyone who can reach it: set PGQUEUE[%r] "
+            "to 'token' (with ENDPOINT_TOKEN), or listen on a loopback or private address "
+            "(--http-host, PGQUEUE['WORKER_HTTP_HOST'])",
+            worker.worker_id,
+            kind,
+            host,
+            access,
+        )
 
 
 def _name_connections(application_name):
