@@ -3,6 +3,7 @@ with a hint that says how to fix it, instead of failing at the first message."""
 
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError
 
 from . import conf
 
@@ -12,6 +13,9 @@ POSTGRESQL_ENGINES = ("django.db.backends.postgresql",)
 def register():
     checks.register(check_settings, checks.Tags.compatibility)
     checks.register(check_database, checks.Tags.compatibility)
+    # Tagged "database": it queries the server, so Django runs it only when
+    # asked to (manage.py check --database, migrate).
+    checks.register(check_vacuum, checks.Tags.database)
 
 
 def check_settings(app_configs=None, **kwargs):
@@ -107,6 +111,88 @@ def _check_pooling(alias, database):
             )
         )
     return problems
+
+
+# The server's switches without which autovacuum does nothing, and the
+# tables of ours (their TOAST tables too) on which it is switched off.
+VACUUM_SETTINGS_SQL = "SELECT current_setting('autovacuum'), current_setting('track_counts')"
+VACUUM_DISABLED_SQL = """
+SELECT c.relname, t.oid = c.reltoastrelid
+FROM pg_class c
+JOIN pg_class t ON t.oid = c.oid OR t.oid = c.reltoastrelid
+CROSS JOIN LATERAL pg_options_to_table(t.reloptions) AS o
+WHERE c.oid = ANY(ARRAY(SELECT to_regclass(name) FROM unnest(%s::text[]) AS name))
+    AND o.option_name = 'autovacuum_enabled' AND NOT o.option_value::boolean
+ORDER BY 1, 2
+"""
+
+
+def check_vacuum(app_configs=None, databases=None, **kwargs):
+    """pgqueue.W107: autovacuum is off on the server or on our tables. Every
+    message is a row inserted and deleted (and a worker's or a
+    subscription's row is updated all the time): without vacuum the dead
+    rows and index entries pile up, and claims, polls and lag counts slow
+    down without bound."""
+    from django.apps import apps
+    from django.conf import settings
+    from django.db import connections
+
+    try:
+        alias = conf.get("DATABASE")
+    except ImproperlyConfigured:
+        return []  # check_settings reports it
+    if databases is None or alias not in databases or conf.alias_problem(alias):
+        return []
+    if settings.DATABASES[alias].get("ENGINE", "") not in POSTGRESQL_ENGINES:
+        return []  # check_database reports it
+    connection = connections[alias]
+    tables = [model._meta.db_table for model in apps.get_app_config("django_pgqueue").get_models()]
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(VACUUM_SETTINGS_SQL)
+            autovacuum, track_counts = cursor.fetchone()
+            cursor.execute(VACUUM_DISABLED_SQL, [[connection.ops.quote_name(t) for t in tables]])
+            disabled = cursor.fetchall()
+    except DatabaseError:
+        # Unreachable, or not PostgreSQL enough to tell: whatever uses the
+        # database next reports the connection problem itself.
+        return []
+    warnings = []
+    if autovacuum != "on" or track_counts != "on":
+        setting = "autovacuum = off" if autovacuum != "on" else "track_counts = off"
+        names = " ".join(f"-t {table}" for table in tables)
+        database = connection.settings_dict.get("NAME") or "<database>"
+        warnings.append(
+            checks.Warning(
+                f"The queue database {alias!r} runs on a server with {setting}: autovacuum "
+                "never cleans the queue tables, whose every message is a row inserted and "
+                "deleted, so claims and polls slow down without bound.",
+                hint="Set autovacuum = on and track_counts = on (PostgreSQL's defaults) in "
+                "postgresql.conf, or run VACUUM on the queue tables every few minutes, e.g. "
+                f"from cron: vacuumdb --dbname {database} {names}",
+                id="pgqueue.W107",
+            )
+        )
+    if disabled:
+        names = sorted({table for table, _ in disabled})
+        described = ", ".join(
+            f"{table} (its TOAST table)" if toast else table for table, toast in disabled
+        )
+        warnings.append(
+            checks.Warning(
+                f"Autovacuum is switched off on queue table(s) of database {alias!r}: "
+                f"{described}. Their dead rows are never cleaned, so claims and polls slow "
+                "down without bound.",
+                hint="Switch it back on: "
+                + " ".join(
+                    f"ALTER TABLE {table} RESET (autovacuum_enabled, toast.autovacuum_enabled);"
+                    for table in names
+                )
+                + " (or VACUUM them every few minutes, e.g. with vacuumdb -t from cron).",
+                id="pgqueue.W107",
+            )
+        )
+    return warnings
 
 
 def _check_psycopg():

@@ -19,11 +19,16 @@ Threads (both daemons, both started and stopped by ``worker.Worker``):
   first thread when a served stream gets an event. A hint only: the polls
   find every event anyway.
 
+The worker reads the first thread's state: its health check (``health()``:
+dead, stuck outside a subscriber, or failing) and ``--burst``, which exits
+once a round's probe found nothing due nor held back (``caught_up``).
+
 Several workers may serve the same subscriptions: each delivery takes the
 subscription's lock first, so one worker at a time delivers to it, and the
 others skip it (``BUSY``) until their next poll.
 """
 
+import contextlib
 import logging
 import random
 import threading
@@ -56,7 +61,7 @@ _WORKED = {
 
 
 class StreamWorker:
-    def __init__(self, specs, worker_id, poll_interval, listen, metrics=None):
+    def __init__(self, specs, worker_id, poll_interval, listen, metrics=None, wake_worker=None):
         self.specs = list(specs)
         self.worker_id = worker_id
         self.poll_interval = poll_interval
@@ -68,7 +73,24 @@ class StreamWorker:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._threads = []
+        self._delivery = None  # the pgqueue-streams thread
         self._held_delay = HELD_DELAY
+        # For health checks (health()): when the delivery thread last went
+        # round or returned from a subscriber, what it runs now that may
+        # legitimately take long (a subscriber, maintenance), and the error
+        # of its last round (or what killed it). Its rounds are at most a
+        # poll interval apart, as the main loop's.
+        self._seen = time.monotonic()
+        self._running = None  # (what, since): {"subscription": ..., "position": ...}
+        self.error = None
+        self.dead = False  # the delivery thread died of an exception
+        self.stuck_after = poll_interval * 2 + 5
+        # For --burst: whether the last probe found nothing due nor held back
+        # in any served subscription. The worker's main loop waits for it (or
+        # for the thread's death) before exiting: ``wake_worker`` is called
+        # when either happens.
+        self.caught_up = False
+        self.wake_worker = wake_worker
 
     def start(self):
         logger.info(
@@ -76,7 +98,7 @@ class StreamWorker:
             self.worker_id,
             ", ".join(spec.name for spec in self.specs),
         )
-        self._start_thread(self._run, "pgqueue-streams")
+        self._delivery = self._start_thread(self._run, "pgqueue-streams")
         if self.listen:
             self._start_thread(self._listen_loop, "pgqueue-streams-listener")
         return self
@@ -101,6 +123,56 @@ class StreamWorker:
         thread = threading.Thread(target=target, name=name, daemon=True)
         thread.start()
         self._threads.append(thread)
+        return thread
+
+    # --- health ---------------------------------------------------------------
+
+    @property
+    def alive(self):
+        return self._delivery is not None and self._delivery.is_alive() and not self.dead
+
+    def health(self):
+        """``(healthy, details)``: healthy while the delivery thread lives,
+        goes round (a subscriber that runs long is busy, not stuck: there is
+        no subscriber timeout to say when it would be) and its last round
+        succeeded."""
+        now = time.monotonic()
+        running = self._running
+        alive = self.alive
+        age = now - self._seen
+        stuck = alive and running is None and age > self.stuck_after
+        details = {
+            "alive": alive,
+            "stuck": stuck,
+            "loop_age_seconds": round(age, 3),
+            "subscriptions": [spec.name for spec in self.specs],
+            "delivered": self.delivered,
+        }
+        if running is not None:
+            what, since = running
+            details["running"] = {**what, "seconds": round(now - since, 3)}
+        if self.error:
+            details["last_error"] = self.error
+        return alive and not stuck and not self.error, details
+
+    @contextlib.contextmanager
+    def _runs(self, **what):
+        """Around a subscriber's call (or maintenance): time that is not the
+        thread's own and may take long."""
+        self._running = (what, time.monotonic())
+        try:
+            yield
+        finally:
+            self._running = None
+            self._seen = time.monotonic()
+
+    def _watch(self, event):
+        return self._runs(subscription=event.subscription, position=event.position)
+
+    def _set_caught_up(self, caught_up):
+        was, self.caught_up = self.caught_up, caught_up
+        if caught_up and not was and self.wake_worker is not None:
+            self.wake_worker()
 
     # --- delivery -------------------------------------------------------------
 
@@ -109,23 +181,27 @@ class StreamWorker:
         next_maintenance = time.monotonic() + MAINTENANCE_INTERVAL
         try:
             while not self._stop.is_set():
+                self._seen = time.monotonic()
                 try:
                     wait = self._round()
                     if time.monotonic() >= next_maintenance:
                         next_maintenance = time.monotonic() + MAINTENANCE_INTERVAL
                         if conf.get("STREAM_RETENTION") is not None:
-                            maintenance.run_once()
+                            with self._runs(maintenance=True):
+                                maintenance.run_once()
                     delay = RECONNECT_DELAY
+                    self.error = None
                 except Exception as exc:  # noqa: BLE001  the thread must go on
                     connections.close_all()  # this thread's: reopened on next use
                     self._ids = None
+                    self._set_caught_up(False)
+                    self.error = _describe(exc)
                     if self.metrics is not None:
                         self.metrics.reconnected("streams")
                     logger.warning(
-                        "Worker %s streams: %s: %s; retrying in %.1fs",
+                        "Worker %s streams: %s; retrying in %.1fs",
                         self.worker_id,
-                        type(exc).__name__,
-                        str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+                        self.error,
                         delay,
                     )
                     wait = delay * random.uniform(0.8, 1.2)
@@ -133,6 +209,19 @@ class StreamWorker:
                 if wait > 0 and not self._stop.is_set():
                     self._wake.wait(wait)
                     self._wake.clear()
+        except BaseException as exc:  # noqa: BLE001  SystemExit from a subscriber, say
+            # Ends the thread (as it would anyway), but not silently: the
+            # health check and --burst need to know.
+            self.error = f"the delivery thread died: {_describe(exc)}"
+            self.dead = True
+            logger.critical(
+                "Worker %s streams: %s; no more deliveries until the worker restarts",
+                self.worker_id,
+                self.error,
+                exc_info=True,
+            )
+            if self.wake_worker is not None:
+                self.wake_worker()
         finally:
             connections.close_all()
 
@@ -146,13 +235,18 @@ class StreamWorker:
         if len(probes) < len(by_id):
             self._ids = None  # a row was deleted: created again next round
             return 0
+        # Held events count as not caught up: they are committed, and
+        # delivered once the older transaction that holds them back ends.
+        self._set_caught_up(not any(found.due or found.held for found in probes))
         wait = self.poll_interval * random.uniform(0.9, 1.1)
         worked = held = False
         for found in probes:
             if self._stop.is_set():
                 return 0
             if found.due:
-                delivery = stream_delivery.deliver(by_id[found.id], found.id, self.worker_id)
+                delivery = stream_delivery.deliver(
+                    by_id[found.id], found.id, self.worker_id, watch=self._watch
+                )
                 self.delivered += delivery.delivered
                 worked = worked or delivery.outcome in _WORKED
                 if delivery.outcome == stream_delivery.GONE:
@@ -204,5 +298,16 @@ def start_for(worker):
     if not worker.subscriptions:
         return None
     return StreamWorker(
-        worker.subscriptions, worker.worker_id, worker.poll_interval, worker.listen, worker.metrics
+        worker.subscriptions,
+        worker.worker_id,
+        worker.poll_interval,
+        worker.listen,
+        worker.metrics,
+        wake_worker=worker._wake.set if worker.burst else None,
     ).start()
+
+
+def _describe(exc):
+    """``Type: first line`` of an exception."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__

@@ -172,7 +172,8 @@ class _Job:
 
 class Worker:
     """One worker process's engine. ``run()`` blocks until stopped (or, in
-    burst mode, until nothing is ready); ``stop()`` may be called from any
+    burst mode, until nothing is ready and the subscriptions it serves have
+    delivered every due event); ``stop()`` may be called from any
     thread or a signal handler."""
 
     def __init__(
@@ -295,7 +296,9 @@ class Worker:
     def health(self):
         """``(healthy, details)`` for the --health-port: healthy while the main
         loop goes round (it wakes at least once per poll interval) and its
-        last database work succeeded."""
+        last database work succeeded, and, when it delivers to stream
+        subscriptions, while its delivery thread lives and goes round
+        (``StreamWorker.health``, under "streams")."""
         loop_age = time.monotonic() - self._loop_seen
         loop_alive = not self._stopping.is_set() and loop_age < self.poll_interval * 2 + 5
         details = {
@@ -308,7 +311,18 @@ class Worker:
         }
         if self.loop_error:
             details["loop_error"] = self.loop_error
-        return loop_alive and not self.loop_error, details
+        healthy = loop_alive and not self.loop_error
+        if self._streams is not None:
+            streams_healthy, details["streams"] = self._streams.health()
+            healthy = healthy and streams_healthy
+        return healthy, details
+
+    @property
+    def stream_delivery_died(self):
+        """Why its stream delivery thread died (None while it lives, or when
+        it delivers to no subscription)."""
+        streams = self._streams
+        return streams.error if streams is not None and streams.dead else None
 
     # --- the loop -------------------------------------------------------------
 
@@ -347,7 +361,7 @@ class Worker:
                             self._groups_released = True
                     if found.ready or found.groups_released:
                         ready_hint = True
-                    elif self.burst and not self._busy():
+                    elif self.burst and not self._busy() and self._streams_caught_up():
                         break
                     until_due = found.seconds_until_due()
                     due_at = None if until_due is None else time.monotonic() + until_due
@@ -387,6 +401,12 @@ class Worker:
             if now >= next_poll:
                 next_poll = now + self._poll_delay()
                 probe = True
+
+    def _streams_caught_up(self):
+        """--burst: every served subscription has delivered what is due (or
+        the delivery thread has died: it delivers nothing more)."""
+        streams = self._streams
+        return streams is None or streams.caught_up or not streams.alive
 
     def _claim(self):
         asked = self._claim_size()

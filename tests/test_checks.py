@@ -72,6 +72,12 @@ def test_unknown_key_suggests_the_close_one():
         ({"ALERT_WEBHOOK_TIMEOUT": 60}, "greater than 0 and at most 50"),
         ({"ALERT_WEBHOOK_RETRIES": -1}, "must be a whole number of at least 0"),
         ({"ALERT_WINDOW": "5m"}, "must be a number of seconds greater than 0"),
+        ({"WORKER_HTTP_HOST": ""}, "PGQUEUE['WORKER_HTTP_HOST'] must be an IP address or a"),
+        ({"WORKER_HTTP_HOST": None}, "must be an IP address or a host name"),
+        ({"WORKER_HTTP_HOST": "127.0.0.1:9100"}, "without brackets or a port (got '127.0"),
+        ({"WORKER_HTTP_HOST": "[::1]"}, "must be an IP address (e.g. 127.0.0.1, 0.0.0.0, ::1)"),
+        ({"WORKER_HTTP_HOST": "10.0.0.256"}, "must be an IP address"),
+        ({"WORKER_HTTP_HOST": "my host"}, "must be an IP address"),
     ],
 )
 def test_wrong_values_say_how_to_fix_them(setting, words):
@@ -123,3 +129,110 @@ def test_checks_are_registered_with_django():
         assert "pgqueue.E002" in ids(checks.run_checks())
         with pytest.raises(SystemCheckError, match="pgqueue.E002"):
             call_command("check")
+
+
+# --- autovacuum (a database check) ------------------------------------------------
+
+
+def server_setting(name):
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting(%s)", [name])
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.django_db
+def test_autovacuum_off_on_the_server_is_a_warning_with_what_to_do():
+    from django.db import connection
+
+    # The real server: the one the tests run on has autovacuum = off.
+    server_off = server_setting("autovacuum") == "off"
+    warnings = pgqueue_checks.check_vacuum(databases=["default"])
+    assert [w.id for w in warnings] == (["pgqueue.W107"] if server_off else [])
+    if server_off:
+        [warning] = warnings
+        assert isinstance(warning, checks.Warning)
+        assert "'default' runs on a server with autovacuum = off" in warning.msg
+        assert "slow down without bound" in warning.msg
+        assert "Set autovacuum = on" in warning.hint
+        name = connection.settings_dict["NAME"]
+        assert f"vacuumdb --dbname {name} -t django_pgqueue_message" in warning.hint
+        assert "-t django_pgqueue_streamevent" in warning.hint
+        assert "-t django_pgqueue_subscription" in warning.hint
+
+
+@pytest.mark.django_db
+def test_autovacuum_switched_off_on_our_tables_is_a_warning_whose_hint_fixes_it():
+    from django.db import connection
+
+    def per_table():
+        return [
+            w
+            for w in pgqueue_checks.check_vacuum(databases=["default"])
+            if "switched off on" in w.msg
+        ]
+
+    assert per_table() == []
+    # In the test's transaction: rolled back (restored) at its end.
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE django_pgqueue_message SET (autovacuum_enabled = false)")
+        cursor.execute(
+            "ALTER TABLE django_pgqueue_streamevent SET (toast.autovacuum_enabled = off)"
+        )
+        cursor.execute("ALTER TABLE django_pgqueue_taskrecord SET (autovacuum_enabled = no)")
+    [warning] = per_table()
+    assert warning.id == "pgqueue.W107"
+    assert (
+        "Autovacuum is switched off on queue table(s) of database 'default': "
+        "django_pgqueue_message, django_pgqueue_streamevent (its TOAST table), "
+        "django_pgqueue_taskrecord."
+    ) in warning.msg
+    statements = [part.strip() for part in warning.hint.split(";")[:-1]]
+    assert statements[0] == (
+        "Switch it back on: ALTER TABLE django_pgqueue_message "
+        "RESET (autovacuum_enabled, toast.autovacuum_enabled)"
+    )
+    with connection.cursor() as cursor:
+        for statement in statements:
+            cursor.execute(statement.removeprefix("Switch it back on: "))
+        cursor.execute("SELECT reloptions FROM pg_class WHERE relname = 'django_pgqueue_message'")
+        [options] = cursor.fetchone()
+    assert per_table() == [], "the hint's statements switch it back on"
+    assert "fillfactor=90" in options, "and leave the migrations' other settings alone"
+
+
+def test_the_autovacuum_check_runs_only_for_the_queue_database_when_asked():
+    assert pgqueue_checks.check_vacuum() == [], "manage.py check without --database"
+    assert pgqueue_checks.check_vacuum(databases=["other"]) == [], "the queue is on 'default'"
+    with override_settings(PGQUEUE={"DATABASE": "missing"}):
+        assert pgqueue_checks.check_vacuum(databases=["missing"]) == []
+    assert "pgqueue.W107" not in ids(checks.run_checks())
+
+
+@pytest.mark.django_db(databases=["default", "other"])
+def test_the_autovacuum_check_passes_over_an_unreachable_database():
+    from django.db import connections
+
+    other = connections["other"]
+    port = other.settings_dict["PORT"]
+    other.close()
+    other.settings_dict["PORT"] = 1
+    try:
+        with override_settings(PGQUEUE={"DATABASE": "other"}):
+            assert pgqueue_checks.check_vacuum(databases=["other"]) == []
+    finally:
+        other.close()
+        other.settings_dict["PORT"] = port
+
+
+@pytest.mark.django_db
+def test_manage_py_check_database_fails_on_w107_unless_silenced(settings):
+    # tox runs "check --fail-level WARNING --database default" on a server
+    # with autovacuum off: the test project silences W107, and only W107.
+    assert settings.SILENCED_SYSTEM_CHECKS == ["pgqueue.W107"]
+    call_command("check", "--fail-level", "WARNING", "--database", "default")
+    if server_setting("autovacuum") == "off":
+        settings.SILENCED_SYSTEM_CHECKS = []
+        with pytest.raises(SystemCheckError, match="pgqueue.W107"):
+            call_command("check", "--fail-level", "WARNING", "--database", "default")

@@ -276,3 +276,100 @@ def test_a_worker_health_port_fails_while_its_database_is_unreachable():
         finally:
             server.close()
         default.close()
+
+
+# --- the worker's stream delivery thread ----------------------------------------
+
+LEDGER = "test.ledger"  # testproject/demo/subscribers.py
+STREAM_OPTIONS = ("--subscriptions", LEDGER, "--poll-interval", "0.2", "--health-port", "0")
+STUCK_AFTER = 0.2 * 2 + 5  # StreamWorker.stuck_after at that poll interval
+
+
+def worker_health(port):
+    status, body = http_get(f"http://127.0.0.1:{port}/health")
+    return status, json.loads(body)
+
+
+def streams_health_when(port, condition):
+    """Poll the worker's health until ``condition(status, streams details)``."""
+    return wait_until(
+        lambda: (
+            (got := worker_health(port))[1].get("streams") is not None
+            and condition(got[0], got[1]["streams"])
+            and got
+        ),
+        timeout=30,
+        message="the worker's health to report it",
+    )
+
+
+def ledger():
+    from demo.models import Handled
+
+    return list(
+        Handled.objects.filter(topic=LEDGER).order_by("id").values_list("message_id", flat=True)
+    )
+
+
+@pytest.mark.slow
+def test_worker_health_a_long_running_subscriber_is_busy_not_stuck(start_worker, tmp_path):
+    from django_pgqueue import publish
+
+    position = publish("test.events", {"sleep": 600, "once": str(tmp_path / "slept")}).position
+    worker = start_worker(*STREAM_OPTIONS)
+    port = worker_port(worker, "health")
+    # There is no subscriber timeout: however long it runs, it is at work.
+    status, body = streams_health_when(
+        port, lambda _, streams: streams.get("running", {}).get("seconds", 0) > STUCK_AFTER
+    )
+    assert status == 200, body
+    streams = body["streams"]
+    assert (streams["alive"], streams["stuck"]) == (True, False)
+    assert streams["running"]["subscription"] == LEDGER
+    assert streams["running"]["position"] == position
+    assert (streams["subscriptions"], streams["delivered"]) == ([LEDGER], 0)
+    assert "last_error" not in streams and body["loop_alive"] is True
+
+
+@pytest.mark.slow
+def test_worker_health_is_503_while_its_delivery_thread_is_stuck(start_worker):
+    from django_pgqueue import publish
+
+    position = publish("test.events", {}).position
+    worker = start_worker(*STREAM_OPTIONS)
+    port = worker_port(worker, "health")
+    wait_until(lambda: ledger() == [position], timeout=30, message="the first delivery")
+    status, body = streams_health_when(port, lambda status, _: status == 200)
+    assert body["streams"]["delivered"] == 1
+    with raw_connection() as locker:
+        # What a migration does: the thread's next poll waits for the lock,
+        # in its own code, not in a subscriber.
+        locker.execute("LOCK TABLE django_pgqueue_subscription IN ACCESS EXCLUSIVE MODE")
+        status, body = streams_health_when(port, lambda status, _: status == 503)
+        streams = body["streams"]
+        assert (streams["alive"], streams["stuck"]) == (True, True), body
+        assert streams["loop_age_seconds"] > STUCK_AFTER and "running" not in streams
+        assert body["loop_alive"] is True and "loop_error" not in body, "the message loop is fine"
+        locker.rollback()
+    streams_health_when(port, lambda status, streams: status == 200 and not streams["stuck"])
+
+
+@pytest.mark.slow
+def test_worker_health_is_503_once_its_delivery_thread_has_died(start_worker):
+    from django_pgqueue import publish
+    from django_pgqueue.models import Subscription
+
+    worker = start_worker(*STREAM_OPTIONS)
+    port = worker_port(worker, "health")
+    streams_health_when(port, lambda status, _: status == 200)
+    # A subscriber that calls sys.exit(): SystemExit is no Exception.
+    publish("test.events", {"exit": 3})
+    status, body = streams_health_when(port, lambda status, _: status == 503)
+    streams = body["streams"]
+    assert (streams["alive"], streams["stuck"]) == (False, False), body
+    assert streams["last_error"] == "the delivery thread died: SystemExit: 3"
+    assert body["loop_alive"] is True, "the message loop goes on"
+    assert ledger() == [] and Subscription.objects.get(name=LEDGER).checkpoint_position == 0
+    assert "no more deliveries until the worker restarts" in worker.log()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0, worker.log()

@@ -15,8 +15,14 @@ from django.core.management import CommandError, call_command
 from django.db import connections
 from django.utils import timezone
 
-from django_pgqueue import enqueue, lifecycle
-from django_pgqueue.models import Category, DeadLetterState, WorkerHeartbeat
+from django_pgqueue import enqueue, lifecycle, publish
+from django_pgqueue.models import (
+    Category,
+    DeadLetterState,
+    Subscription,
+    SubscriptionState,
+    WorkerHeartbeat,
+)
 
 from .conftest import MANAGE, database_url
 
@@ -169,7 +175,7 @@ def test_text_report_shows_queues_topics_dead_letters_and_workers(rows):
     assert workers[3].split() == [
         "web-2:200:bbbbbb", "web-2", "200", "default", "stale", "1h", "00m", "0", "5"
     ]  # fmt: skip
-    assert len(workers) == 4
+    assert workers[4:] == ["", "Subscriptions", "no subscriptions"]
 
 
 @pytest.mark.django_db
@@ -265,7 +271,7 @@ def test_an_empty_database_shows_the_default_queue_with_zeros():
     assert (code, err) == (0, "")
     assert out.splitlines()[2].split() == ["default", "0", "0", "0", "0", "0s", "0"]
     assert "\nDead letters\nno dead letters\n" in out
-    assert out.endswith("\nWorkers\nno workers\n")
+    assert out.endswith("\nWorkers\nno workers\n\nSubscriptions\nno subscriptions\n")
 
     code, report, err = run_json()
     assert report == {
@@ -282,6 +288,7 @@ def test_an_empty_database_shows_the_default_queue_with_zeros():
         },
         "dead_letters": [],
         "workers": [],
+        "subscriptions": [],
         "thresholds": [],
         "ok": True,
     }
@@ -321,6 +328,112 @@ def test_names_and_hosts_reach_the_terminal_without_control_characters(make_dead
     code, out, err = run()
     assert "\x1b" not in out and "\r" not in out and "\x07" not in out
     assert "evil?[2Jtopic" in out and "w?1" in out and "h?" in out
+
+
+@pytest.fixture
+def subscription_rows():
+    """Five events of stream "orders" and a subscription in each situation:
+    caught up, lagging, blocked, retrying, paused. Returns the positions."""
+    events = [publish("orders", {"n": n}) for n in range(5)]
+    positions = [event.position for event in events]
+
+    def make(name, after, **fields):
+        Subscription.objects.create(
+            name=name,
+            stream="orders",
+            checkpoint_xid=events[after].xid if after is not None else 0,
+            checkpoint_position=positions[after] if after is not None else 0,
+            **fields,
+        )
+
+    make("search.orders", 4, delivered=5)
+    make("mail.orders", 1, delivered=2, last_error="ValueError: long since resolved")
+    make(
+        "crm.orders", 2, delivered=3, state=SubscriptionState.BLOCKED,
+        failing_position=positions[3], attempts=5,
+        last_error="KeyError: 'status'\nTraceback (most recent call last): ...",
+    )  # fmt: skip
+    make(
+        "audit.orders", None, state=SubscriptionState.RETRYING, failing_position=positions[0],
+        attempts=1, last_error="ConnectionError: downstream is down", retry_at=ago(-300),
+    )  # fmt: skip
+    make("report.orders", 0, delivered=1, state=SubscriptionState.PAUSED)
+    return positions
+
+
+@pytest.mark.django_db
+def test_subscriptions_show_state_checkpoint_lag_and_why_one_does_not_deliver(subscription_rows):
+    p = subscription_rows
+    code, report, err = run_json()
+    assert (code, err) == (0, "")
+    audit = report["subscriptions"][0]
+    retrying = {key: audit.pop(key) for key in ("retry_at", "retry_in_seconds")}
+    assert retrying["retry_at"] == Subscription.objects.get(name=audit["name"]).retry_at.isoformat()
+    assert 290 < retrying["retry_in_seconds"] <= 300
+    # Ages by the database's clock: the events were published a moment ago.
+    ages = [row.pop("oldest_pending_age_seconds") for row in report["subscriptions"]]
+    assert all(0 <= age < 5 for age in ages[:4]) and ages[4] is None, ages
+    common = {"stream": "orders", "head_position": p[4]}
+    not_retrying = {"retry_at": None, "retry_in_seconds": None}
+    assert report["subscriptions"] == [
+        {
+            **common,
+            "name": "audit.orders", "state": "retrying", "checkpoint_position": 0, "lag": 5,
+            "delivered": 0, "failing_position": p[0],
+            "attempts": 1, "error": "ConnectionError: downstream is down",
+        },
+        {
+            **common,
+            "name": "crm.orders", "state": "blocked", "checkpoint_position": p[2], "lag": 2,
+            **not_retrying, "delivered": 3, "failing_position": p[3],
+            "attempts": 5,
+            "error": "KeyError: 'status'\nTraceback (most recent call last): ...",
+        },
+        {
+            **common,
+            "name": "mail.orders", "state": "active", "checkpoint_position": p[1], "lag": 3,
+            **not_retrying, "delivered": 2, "failing_position": None,
+            "attempts": 0, "error": None,
+        },
+        {
+            **common,
+            "name": "report.orders", "state": "paused", "checkpoint_position": p[0], "lag": 4,
+            **not_retrying, "delivered": 1, "failing_position": None,
+            "attempts": 0, "error": None,
+        },
+        {
+            **common,
+            "name": "search.orders", "state": "active", "checkpoint_position": p[4], "lag": 0,
+            **not_retrying, "delivered": 5, "failing_position": None,
+            "attempts": 0, "error": None,
+        },
+    ]  # fmt: skip
+
+    code, out, err = run()
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    section = lines[lines.index("Subscriptions") :]
+    assert section[1].split() == ["NAME", "STREAM", "STATE", "CHECKPOINT", "LAG", "OLDEST", "WHY"]
+    rows = [line.split(None, 6) for line in section[2:]]
+    assert rows[0][:6] == ["audit.orders", "orders", "retrying", "0", "5", "0s"]
+    assert re.fullmatch(
+        rf"event {p[0]}, attempt 2 in 4m 5\ds: ConnectionError: downstream is down", rows[0][6]
+    ), rows[0][6]
+    assert rows[1] == [
+        "crm.orders", "orders", "blocked", str(p[2]), "2", "0s",
+        f"event {p[3]} failed 5 attempts: KeyError: 'status'",
+    ]  # fmt: skip
+    assert rows[2] == ["mail.orders", "orders", "active", str(p[1]), "3", "0s"], (
+        "an old error of a subscription that recovered is not shown"
+    )
+    assert rows[3] == [
+        "report.orders", "orders", "paused", str(p[0]), "4", "0s", "paused by an operator"
+    ]  # fmt: skip
+    assert rows[4] == ["search.orders", "orders", "active", str(p[4]), "0"]
+    assert len(rows) == 5
+
+    code, report, err = run_json("--queue", "mail")
+    assert len(report["subscriptions"]) == 5, "streams belong to no queue: --queue keeps them"
 
 
 # --- thresholds ---------------------------------------------------------------------

@@ -740,3 +740,53 @@ def test_kill_9_mid_delivery_loses_nothing_and_keeps_the_order(start_worker, tmp
     assert row(LEDGER).checkpoint_position == positions[-1]
     rescuer.signal(signal.SIGTERM)
     assert rescuer.wait(timeout=30) == 0
+
+
+# --- --burst ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_burst_exits_once_every_due_event_is_delivered(start_worker):
+    # Three batches (50 a batch) for one subscription, a failing event that
+    # blocks another: the burst waits for the first, not for the second.
+    positions = [publish("test.events", {"n": n}).position for n in range(120)]
+    publish("test.failing", {"raise": "Permanent"})
+    # A long poll interval: the exit must follow the deliveries, not a poll.
+    worker = start_worker(
+        "--burst", "--subscriptions", f"{LEDGER},{BLOCKING}", "--poll-interval", "60"
+    )
+    assert worker.wait(timeout=50) == 0, worker.log()
+    assert delivered() == positions, "the burst exited before every due event was delivered"
+    assert row(LEDGER).checkpoint_position == positions[-1]
+    assert row(BLOCKING).state == SubscriptionState.BLOCKED
+
+
+@pytest.mark.slow
+def test_burst_waits_for_events_an_older_open_transaction_holds_back(start_worker):
+    with raw_connection() as older:
+        older.execute("SELECT pg_current_xact_id()")  # open, with a transaction id
+        positions = [publish("test.events", {"n": n}).position for n in range(3)]
+        worker = start_worker("--burst", "--subscriptions", LEDGER, "--poll-interval", "1")
+        wait_until(
+            lambda: Subscription.objects.filter(name=LEDGER).exists(),
+            timeout=30,
+            message="the worker's first round",
+        )
+        # Committed, but not deliverable until the older transaction ends.
+        assert worker.popen.poll() is None, worker.log()
+        assert delivered() == []
+        older.rollback()
+    assert worker.wait(timeout=30) == 0, worker.log()
+    assert delivered() == positions
+
+
+def test_burst_fails_when_the_delivery_thread_dies(caplog):
+    # SystemExit is no Exception: a subscriber that calls sys.exit() ends
+    # the delivery thread. A burst must not exit 0 as if all was delivered.
+    publish("test.events", {"exit": 3})
+    with pytest.raises(CommandError, match=r"stream delivery stopped \(the delivery thread died: "):
+        call_command(
+            "pgqueue_worker", "--burst", "--subscriptions", LEDGER, "--poll-interval", "60"
+        )
+    assert "SystemExit: 3" in caplog.text
+    assert delivered() == [] and row(LEDGER).checkpoint_position == 0, "the batch rolled back"

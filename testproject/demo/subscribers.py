@@ -5,6 +5,7 @@ event's position, topic the subscription's name) in the delivery's
 transaction, so the ledger shows exactly-once delivery and its order."""
 
 import os
+import sys
 import time
 
 from django_pgqueue import subscriber
@@ -22,9 +23,10 @@ def record(event):
 def act(event):
     """Writes the ledger row, then does what the payload asks: "sleep"
     seconds, the first time only (the first process to create the file
-    "once" sleeps; a delivery that is redone after a crash does not), or
+    "once" sleeps; a delivery that is redone after a crash does not),
     "raise" (the name of one of handlers.FAILURES) on the first "times"
-    attempts (all if absent)."""
+    attempts (all if absent), or "exit": calls sys.exit() (SystemExit is no
+    Exception: it ends the worker's delivery thread; the batch rolls back)."""
     record(event)
     payload = event.payload if isinstance(event.payload, dict) else {}
     if payload.get("sleep"):
@@ -35,6 +37,8 @@ def act(event):
             pass
         else:
             time.sleep(payload["sleep"])
+    if payload.get("exit"):
+        sys.exit(payload["exit"])
     times = payload.get("times")
     if "raise" in payload and (times is None or event.attempts <= times):
         raise FAILURES[payload["raise"]]()

@@ -10,9 +10,7 @@ report is written; one CRITICAL line per crossing on stderr, like
 database unreachable or not migrated, a failing system check).
 """
 
-import argparse
 import json
-import math
 import sys
 
 from django.core.management.base import BaseCommand, CommandError, SystemCheckError
@@ -20,8 +18,14 @@ from django.db import DatabaseError, OperationalError
 from django.utils import timezone
 
 from django_pgqueue import conf, stats
-from django_pgqueue.management.options import non_negative_int, positive_int
-from django_pgqueue.models import DeadLetterState
+from django_pgqueue.management.options import (
+    non_negative_int,
+    positive_int,
+    queue_name,
+    seconds_or_zero,
+)
+from django_pgqueue.models import DeadLetterState, SubscriptionState
+from django_pgqueue.stream_models import LAG_COUNT_CAP
 
 STATES = (stats.READY, stats.DELAYED, stats.BLOCKED, stats.PROCESSING)
 
@@ -51,30 +55,23 @@ WORKER_COLUMNS = (
     ("INFLIGHT", 8, ">"),
     ("PROCESSED", 9, ">"),
 )
-
-
-def seconds(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 <= value < math.inf:
-        raise argparse.ArgumentTypeError(f"must be zero or more seconds, not {text}")
-    return value
-
-
-def queue_name(text):
-    problem = conf.name_problem("queue name", text, conf.QUEUE_MAX_LENGTH)
-    if problem:
-        raise argparse.ArgumentTypeError(problem)
-    return text
+SUBSCRIPTION_COLUMNS = (
+    ("NAME", 26, "<"),
+    ("STREAM", 20, "<"),
+    ("STATE", 8, "<"),
+    ("CHECKPOINT", 10, ">"),
+    ("LAG", 8, ">"),
+    ("OLDEST", 7, ">"),
+    ("WHY", 100, "<"),  # last: long enough for an error's first line
+)
 
 
 class Command(BaseCommand):
     help = (
         "Show the queues (ready, delayed and processing messages by queue and topic, the "
         "oldest ready message's age, live workers), the dead letters by topic, category and "
-        "state, and the workers with their last heartbeat. Exit status: 0 when no threshold "
+        "state, the workers with their last heartbeat, and the stream subscriptions (state, "
+        "checkpoint, lag, why one is blocked or retrying). Exit status: 0 when no threshold "
         "is crossed; 1 when one is (the report is still written, and one CRITICAL line per "
         "crossing goes to stderr); 2 when the command cannot run (a bad option, the queue "
         "database unreachable or not migrated, a failing system check)."
@@ -102,7 +99,7 @@ class Command(BaseCommand):
         )
         thresholds.add_argument(
             "--max-age",
-            type=seconds,
+            type=seconds_or_zero,
             metavar="SECONDS",
             help="a queue's oldest ready message has waited more than SECONDS",
         )
@@ -201,6 +198,26 @@ class Command(BaseCommand):
         else:
             write("no workers")
 
+        write("")
+        write("Subscriptions")
+        if report["subscriptions"]:
+            write(_header(SUBSCRIPTION_COLUMNS))
+            for row in report["subscriptions"]:
+                lag = f"{row['lag']}+" if row["lag"] >= LAG_COUNT_CAP else row["lag"]
+                oldest = row["oldest_pending_age_seconds"]
+                values = [
+                    row["name"],
+                    row["stream"],
+                    row["state"],
+                    row["checkpoint_position"],
+                    lag,
+                    "" if oldest is None else _age(oldest),
+                    _why(row),
+                ]
+                write(_row(SUBSCRIPTION_COLUMNS, values))
+        else:
+            write("no subscriptions")
+
 
 # --- the report -------------------------------------------------------------------------
 
@@ -213,6 +230,7 @@ def _report(selected):
     ages = stats.oldest_ready_age(now=now)
     workers = stats.workers()
     dead_letters = stats.dead_letters_by_topic_category_state(selected)
+    subscriptions = stats.subscriptions_with_lag()  # streams have no queue: never --queue'd
 
     if selected is not None:
         workers = [w for w in workers if set(w.queues) & set(selected)]
@@ -253,6 +271,7 @@ def _report(selected):
             for topic, category, state, number in dead_letters
         ],
         "workers": [_worker(w) for w in workers],
+        "subscriptions": [_subscription(row) for row in subscriptions],
     }
 
 
@@ -270,6 +289,48 @@ def _worker(row):
         "processed": row.processed,
         "started_at": row.started_at.isoformat(),
     }
+
+
+def _subscription(row):
+    # last_error is kept after the subscription recovers: it explains the
+    # state only while the subscription is retrying or blocked.
+    failing = row.state in (SubscriptionState.RETRYING, SubscriptionState.BLOCKED)
+    oldest = row.oldest_pending_at
+    retry_at = row.retry_at if row.state == SubscriptionState.RETRYING else None
+    return {
+        "name": row.name,
+        "stream": row.stream,
+        "state": row.state,
+        "checkpoint_position": row.checkpoint_position,
+        "head_position": row.head_position,
+        "lag": row.lag,  # committed events after the checkpoint, up to LAG_COUNT_CAP
+        "oldest_pending_age_seconds": (
+            None if oldest is None else round(max((row.now - oldest).total_seconds(), 0.0), 3)
+        ),
+        "delivered": row.delivered,
+        "failing_position": row.failing_position if failing else None,
+        "attempts": row.attempts,  # failed attempts at failing_position
+        "retry_at": retry_at.isoformat() if retry_at else None,
+        "retry_in_seconds": (
+            round(max((retry_at - row.now).total_seconds(), 0.0), 3) if retry_at else None
+        ),
+        "error": row.last_error if failing else None,
+    }
+
+
+def _why(row):
+    """Why a subscription does not deliver: paused, or the event it is blocked
+    at or retrying, and the first line of its error."""
+    if row["state"] == SubscriptionState.PAUSED:
+        return "paused by an operator"
+    if row["failing_position"] is None:
+        return ""
+    where = f"event {row['failing_position']}"
+    if row["state"] == SubscriptionState.RETRYING:
+        where += f", attempt {row['attempts'] + 1} in {_age(row['retry_in_seconds'] or 0)}"
+    else:
+        where += f" failed {_plural(row['attempts'], 'attempt')}"
+    return f"{where}: {_first_line(row['error'])}"
 
 
 # --- thresholds -------------------------------------------------------------------------
@@ -373,3 +434,8 @@ def _cell(value, width):
 
 def _one_line(exc):
     return " ".join(str(exc).split())
+
+
+def _first_line(text):
+    lines = (text or "").strip().splitlines()
+    return lines[0] if lines else ""
