@@ -28,6 +28,31 @@ def raw_connection(alias="default", **kwargs):
     )
 
 
+# Process-level modules: real worker processes, in-process workers with their
+# threads, a browser, PgBouncer, a throwaway cluster. With every test that
+# starts a worker process (the start_worker fixture), they are marked slow:
+# one env of the tox matrix (py312-dj61) runs them, the others run the rest
+# (-m "not slow"), which is where Python and Django versions differ.
+PROCESS_LEVEL_MODULES = frozenset(
+    {
+        "tests.test_worker",
+        "tests.test_worker_processes",
+        "tests.test_browser",
+        "tests.test_pgbouncer",
+        "tests.test_db_limits",
+        "tests.test_chaos",
+    }
+)
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.module.__name__ in PROCESS_LEVEL_MODULES or "start_worker" in getattr(
+            item, "fixturenames", ()
+        ):
+            item.add_marker(pytest.mark.slow)
+
+
 class SharedServer:
     """A PostgreSQL server that ``DATABASES`` points at: the suite connects to
     it and never stops, restarts or reconfigures it (the tests that crash
