@@ -9,7 +9,10 @@ process, outside any transaction (``transactional_db``): an event becomes
 deliverable once every transaction older than it has ended, in the whole
 PostgreSQL cluster, so a delivery that must happen is polled for with a
 deadline (another test run on the same server may hold a transaction open
-for a moment); one that must not happen is asserted at once.
+for a moment); one that must not happen is asserted at once. The deadline
+(HORIZON_TIMEOUT) is long: the suite's other pytest-xdist processes run
+tests in transactions of their own on the same server, for as long as a
+test takes on a loaded machine.
 """
 
 import datetime
@@ -54,6 +57,10 @@ def spec(name):
     return subscribers.lookup(name)
 
 
+# Seconds to wait for every older transaction of the cluster to end (see above).
+HORIZON_TIMEOUT = 120
+
+
 def deliver(name, **kwargs):
     """One delivery that does something, polled for until the events it
     waits for are deliverable (see the module docstring)."""
@@ -62,7 +69,7 @@ def deliver(name, **kwargs):
             (found := stream_delivery.deliver(spec(name), **kwargs)).outcome != stream_delivery.IDLE
             and found
         ),
-        timeout=10,
+        timeout=HORIZON_TIMEOUT,
         message=f"a delivery to {name}",
     )
 
@@ -70,7 +77,9 @@ def deliver(name, **kwargs):
 def settle(stream, position):
     """Wait until no transaction older than the event at ``position`` is open."""
     wait_until(
-        lambda: subscriptions.head(stream)[1] == position, timeout=10, message="older transactions"
+        lambda: subscriptions.head(stream)[1] == position,
+        timeout=HORIZON_TIMEOUT,
+        message="older transactions",
     )
 
 

@@ -207,8 +207,13 @@ def test_reset_asks_for_a_position_and_explains_what_is_wrong(staff, events):
 
 def wait_for_head(position):
     from .conftest import wait_until
+    from .test_streams import HORIZON_TIMEOUT
 
-    wait_until(lambda: subscriptions.head("test.events")[1] == position, message="settled events")
+    wait_until(
+        lambda: subscriptions.head("test.events")[1] == position,
+        timeout=HORIZON_TIMEOUT,  # every older transaction of the cluster must end
+        message="settled events",
+    )
 
 
 def test_the_blocked_event_can_be_moved_to_the_dead_letters(staff, events):
