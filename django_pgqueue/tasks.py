@@ -396,9 +396,9 @@ def _mark_started(record_id, message, using):
             row = conn.execute(sql, params).fetchone()
             break
         except psycopg.OperationalError:
-            _close_side_connection(using)  # broken (a restart, a dropped connection)
-            if attempt == 2:
-                raise
+            if not conn.broken or attempt == 2:
+                raise  # a lock timeout, or the server is gone: the attempt fails (retried)
+            _close_side_connection(using)  # dropped (a restart, a terminated backend): again
     if row is None:
         raise Permanent(f"the task record {record_id} was deleted while its task was claimed")
     return row

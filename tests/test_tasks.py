@@ -554,6 +554,17 @@ def test_a_base_exception_is_recorded_with_its_traceback_on_every_attempt(kind, 
     assert DeadLetter.objects.get().attempts == 3
 
 
+@transactional
+def test_a_dropped_bookkeeping_connection_is_replaced_for_the_next_task():
+    dropper = demo.drop_task_connections.enqueue()
+    after = demo.add.enqueue(2, 2)
+    worker_id = run_worker()
+    dropper.refresh()
+    after.refresh()
+    assert (dropper.status, dropper.return_value) == (SUCCESSFUL, 1), "it dropped its own"
+    assert (after.status, after.return_value, after.worker_ids) == (SUCCESSFUL, 4, [worker_id])
+
+
 @pytest.mark.slow
 def test_runs_lost_with_killed_workers_are_attempts_of_the_task(start_worker):
     # The task kills its worker process (SIGKILL) on its first two attempts.

@@ -114,3 +114,20 @@ def kill_own_process(context, times):
     if context.attempt <= times:
         os.kill(os.getpid(), signal.SIGKILL)
     return context.attempt
+
+
+@task
+def drop_task_connections():
+    """Terminates this process's connections for task bookkeeping (as a
+    server restart or a pooler would): the next task must reconnect."""
+    import os
+
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE application_name = %s",
+            [f"pgqueue_tasks#{os.getpid()}"],
+        )
+        return cursor.fetchone()[0]
