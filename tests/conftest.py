@@ -147,6 +147,21 @@ def shared_servers_untouched():
         )
 
 
+@contextlib.contextmanager
+def unreachable(alias):
+    """The database ``alias`` does not answer inside the block: its connection
+    is closed and pointed at port 1; both put back afterwards."""
+    connection = connections[alias]
+    port = connection.settings_dict["PORT"]
+    connection.close()
+    connection.settings_dict["PORT"] = 1
+    try:
+        yield
+    finally:
+        connection.close()
+        connection.settings_dict["PORT"] = port
+
+
 @pytest.fixture
 def other_connection(transactional_db):
     """A second, independent client: sees only what has been committed."""

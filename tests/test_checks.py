@@ -212,18 +212,10 @@ def test_the_autovacuum_check_runs_only_for_the_queue_database_when_asked():
 
 @pytest.mark.django_db(databases=["default", "other"])
 def test_the_autovacuum_check_passes_over_an_unreachable_database():
-    from django.db import connections
+    from .conftest import unreachable
 
-    other = connections["other"]
-    port = other.settings_dict["PORT"]
-    other.close()
-    other.settings_dict["PORT"] = 1
-    try:
-        with override_settings(PGQUEUE={"DATABASE": "other"}):
-            assert pgqueue_checks.check_vacuum(databases=["other"]) == []
-    finally:
-        other.close()
-        other.settings_dict["PORT"] = port
+    with unreachable("other"), override_settings(PGQUEUE={"DATABASE": "other"}):
+        assert pgqueue_checks.check_vacuum(databases=["other"]) == []
 
 
 @pytest.mark.django_db

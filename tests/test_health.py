@@ -20,7 +20,7 @@ from django_pgqueue import lifecycle, maintenance
 from django_pgqueue.health import WorkerHealthServer
 from django_pgqueue.models import WorkerHeartbeat
 
-from .conftest import raw_connection, running_worker, wait_until
+from .conftest import raw_connection, running_worker, unreachable, wait_until
 from .test_metrics import TOKEN, http_get, worker_port
 
 
@@ -98,16 +98,8 @@ def test_a_stale_heartbeat_does_not_count(client):
 
 @pytest.mark.django_db(transaction=True, databases=["default", "other"])
 def test_an_unreachable_database_is_503_without_its_error_text(client):
-    other = connections["other"]
-    port = other.settings_dict["PORT"]
-    other.close()
-    other.settings_dict["PORT"] = 1
-    try:
-        with override_settings(PGQUEUE={"DATABASE": "other"}):
-            status, body = health(client)
-    finally:
-        other.close()
-        other.settings_dict["PORT"] = port
+    with unreachable("other"), override_settings(PGQUEUE={"DATABASE": "other"}):
+        status, body = health(client)
     assert (status, body["database"]) == (503, "unreachable")
     assert body["problems"] == ["the queue database does not answer"]
     assert "127.0.0.1" not in json.dumps(body) and "port" not in json.dumps(body)

@@ -23,12 +23,22 @@ SECONDS_MAX = threading.TIMEOUT_MAX
 # --- text -------------------------------------------------------------------------------
 
 
-def free_text(value):
-    """Any text PostgreSQL can store (a name to look up, who did it)."""
-    problem = conf.text_problem(value)
-    if problem:
-        raise argparse.ArgumentTypeError(problem)
-    return value
+def _checked_by(problem_of):
+    """A validator from a ``conf`` problem function (value -> why not, or None)."""
+
+    def parse(value):
+        problem = problem_of(value)
+        if problem:
+            raise argparse.ArgumentTypeError(problem)
+        return value
+
+    return parse
+
+
+# Any text PostgreSQL can store (a name to look up, who did it).
+free_text = _checked_by(conf.text_problem)
+# The address a worker's HTTP ports listen on (--http-host).
+http_host = _checked_by(conf.host_problem)
 
 
 def non_blank_text(value):
@@ -47,13 +57,7 @@ def text_list(value):
 
 
 def _name(kind, max_length):
-    def parse(value):
-        problem = conf.name_problem(kind, value, max_length)
-        if problem:
-            raise argparse.ArgumentTypeError(problem)
-        return value
-
-    return parse
+    return _checked_by(lambda value: conf.name_problem(kind, value, max_length))
 
 
 queue_name = _name("queue name", conf.QUEUE_MAX_LENGTH)

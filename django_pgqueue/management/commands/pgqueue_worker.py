@@ -13,6 +13,7 @@ from django.db import connections
 from django_pgqueue import conf, endpoints
 from django_pgqueue.health import WorkerHealthServer
 from django_pgqueue.management.options import (
+    http_host,
     non_negative_int,
     positive_int,
     queue_list,
@@ -36,13 +37,6 @@ def port(text):
             f"must be a port from 0 to 65535 (0: any free one), not {text}"
         )
     return value
-
-
-def http_host(text):
-    problem = conf.host_problem(text)
-    if problem:
-        raise argparse.ArgumentTypeError(problem)
-    return text
 
 
 def subscription_list(text):
