@@ -7,6 +7,13 @@ still says something useful.
 import datetime
 
 
+def describe(exc):
+    """``Type: message`` of an exception (``Type`` alone when its message is
+    empty): how a failure's reason is recorded and logged."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 class PgQueueError(Exception):
     """A django-pgqueue error."""
 

@@ -29,7 +29,7 @@ from django.db import connections, transaction
 from django.utils import timezone
 
 from . import conf, policy, signals, subscriptions
-from .exceptions import Permanent, Retry
+from .exceptions import Permanent, Retry, describe
 from .fields import finite_sql
 from .models import StreamEvent
 from .stream_models import DELIVERING, Subscription, SubscriptionState
@@ -252,7 +252,7 @@ def _failed(spec, batch, event, exc):
     retry_after = exc.after if isinstance(exc, Retry) else None
     max_attempts = spec.max_attempts or conf.get("MAX_ATTEMPTS")
     decision = policy.decide(category, event.attempts, max_attempts, spec, retry_after)
-    reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    reason = describe(exc)
     where = (spec.name, event.position, spec.stream, event.attempts, category, reason)
     extra = {"subscription": spec.name, "position": event.position, "category": category}
     if decision.action == policy.RETRY:

@@ -38,6 +38,7 @@ import psycopg
 from django.db import connections
 
 from . import conf, maintenance, stream_delivery, subscriptions
+from .exceptions import describe
 from .notify import listen_connection
 from .streams import CHANNEL
 
@@ -195,7 +196,7 @@ class StreamWorker:
                     connections.close_all()  # this thread's: reopened on next use
                     self._ids = None
                     self._set_caught_up(False)
-                    self.error = _describe(exc)
+                    self.error = _first_line(exc)
                     if self.metrics is not None:
                         self.metrics.reconnected("streams")
                     logger.warning(
@@ -212,7 +213,7 @@ class StreamWorker:
         except BaseException as exc:  # noqa: BLE001  SystemExit from a subscriber, say
             # Ends the thread (as it would anyway), but not silently: the
             # health check and --burst need to know.
-            self.error = f"the delivery thread died: {_describe(exc)}"
+            self.error = f"the delivery thread died: {_first_line(exc)}"
             self.dead = True
             logger.critical(
                 "Worker %s streams: %s; no more deliveries until the worker restarts",
@@ -307,7 +308,7 @@ def start_for(worker):
     ).start()
 
 
-def _describe(exc):
-    """``Type: first line`` of an exception."""
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+def _first_line(exc):
+    """``Type: message`` of an exception, its first line only (for a log line
+    and the health check's details)."""
+    return describe(exc).strip().splitlines()[0]

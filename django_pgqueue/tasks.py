@@ -53,7 +53,7 @@ from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 
 from . import conf, lifecycle, policy, producer, registry, signals
-from .exceptions import InvalidMessage, Permanent, Retry
+from .exceptions import InvalidMessage, Permanent, Retry, describe
 from .fields import finite_sql
 from .models import Category, DeadLetter, DeadLetterState, Message, Status, TaskRecord, TaskStatus
 
@@ -481,8 +481,8 @@ def _raise_with_backoff(exc, error, task, attempt, message):
     )
     delay = backoff(exc, failed)
     if delay is None:
-        raise Permanent(f"not retried (backoff returned None) after {_reason(exc)}") from exc
-    raise Retry(f"retry after {_reason(exc)}", after=delay) from exc
+        raise Permanent(f"not retried (backoff returned None) after {describe(exc)}") from exc
+    raise Retry(f"retry after {describe(exc)}", after=delay) from exc
 
 
 # --- failures (after the worker recorded them) -----------------------------------------
@@ -702,8 +702,3 @@ def _errors(items):
         TaskError(exception_class_path=e["exception_class_path"], traceback=e["traceback"])
         for e in items
     ]
-
-
-def _reason(exc):
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

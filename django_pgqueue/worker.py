@@ -38,7 +38,7 @@ from asgiref.sync import async_to_sync
 from django.db import DatabaseError, connections, transaction
 
 from . import conf, lifecycle, maintenance, policy, registry, signals
-from .exceptions import HandlerTimeout, Permanent, Retry
+from .exceptions import HandlerTimeout, Permanent, Retry, describe
 from .metrics import DEAD_LETTERED, RETRIED, NullMetrics
 from .models import Category
 from .notify import CHANNEL, GROUPS_CHANNEL, listen_connection
@@ -824,7 +824,7 @@ class Worker:
         except Exception:  # a broken CLASSIFIER must not lose the message
             logger.exception("Message id=%s: classification failed; using UNKNOWN", message.pk)
             category = Category.UNKNOWN
-        reason = _reason(exc)
+        reason = describe(exc)
         trace = "".join(traceback.format_exception(exc))
         decision = policy.decide(
             category,
@@ -1386,11 +1386,6 @@ def _lock_timed_out(exc):
 def _first_line(exc):
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _reason(exc):
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _drop_broken_connections():
