@@ -929,24 +929,19 @@ def rescue_expired(now=None, limit=1000):
             (exhausted if limit_reached else requeue).append(message)
         for message in requeue:
             error = _lost_reason(message, beats)
-            updated = (
-                Message.objects.using(using)
-                .filter(expired_lease, pk=message.pk, status=Status.PROCESSING)
-                .filter(Q(lease_token=message.lease_token) | Q(lease_token__isnull=True))
-                .update(
-                    status=Status.WAITING,
-                    run_at=now_value,
-                    lease_token=None,
-                    lease_expires_at=None,
-                    locked_by="",
-                    last_error=error,
-                    last_error_category=Category.TRANSIENT,
-                    first_failed_at=Coalesce("first_failed_at", now_value),
-                    updated_at=now_value,
-                )
+            # The row is locked by this transaction since it was read: the
+            # state it was picked in is the state it is in.
+            Message.objects.using(using).filter(pk=message.pk).update(
+                status=Status.WAITING,
+                run_at=now_value,
+                lease_token=None,
+                lease_expires_at=None,
+                locked_by="",
+                last_error=error,
+                last_error_category=Category.TRANSIENT,
+                first_failed_at=Coalesce("first_failed_at", now_value),
+                updated_at=now_value,
             )
-            if not updated:  # cannot happen under the row lock; said, not assumed
-                continue
             logger.warning(
                 "Message id=%s topic=%s attempt=%s rescued: %s",
                 message.pk,
