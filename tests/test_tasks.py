@@ -36,7 +36,7 @@ from django_pgqueue.models import Category, DeadLetter, DeadLetterState, Message
 from django_pgqueue.tasks import TASK_TOPIC, PgQueueBackend, PgQueueTask
 from django_pgqueue.worker import Worker
 
-from .conftest import wait_until
+from .conftest import raw_connection, running_worker, wait_until
 
 READY, RUNNING = TaskResultStatus.READY, TaskResultStatus.RUNNING
 SUCCESSFUL, FAILED = TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED
@@ -563,6 +563,62 @@ def test_a_dropped_bookkeeping_connection_is_replaced_for_the_next_task():
     after.refresh()
     assert (dropper.status, dropper.return_value) == (SUCCESSFUL, 1), "it dropped its own"
     assert (after.status, after.return_value, after.worker_ids) == (SUCCESSFUL, 4, [worker_id])
+
+
+def _record_locked_by_another_transaction(conn, result_id):
+    conn.execute("SELECT 1 FROM django_pgqueue_taskrecord WHERE id = %s FOR UPDATE", [result_id])
+
+
+def _start_mark_waits(conn):
+    """Whether this process's start mark waits for a lock (pg_stat_activity)."""
+    import os
+
+    return conn.execute(
+        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name = %s"
+        " AND wait_event_type = 'Lock')",
+        [f"pgqueue_tasks#{os.getpid()}"],
+    ).fetchone()[0]
+
+
+@transactional
+def test_a_start_mark_that_waits_past_its_lock_timeout_fails_the_attempt(monkeypatch):
+    from django_pgqueue import tasks as backend
+
+    monkeypatch.setattr(backend, "MARK_STARTED_LOCK_TIMEOUT_MS", 200)
+    result = demo.add.enqueue(1, 1)
+    with raw_connection() as holder, running_worker(concurrency=1, poll_interval=0.2):
+        # A long admin edit of the record, say: the first attempt's mark gives up.
+        _record_locked_by_another_transaction(holder, result.id)
+        wait_until(
+            lambda: "LockNotAvailable" in (Message.objects.get().last_error or ""),
+            message="the first attempt to fail on the lock",
+        )
+        holder.rollback()  # the failure's bookkeeping, then the retry, go on
+        wait_until(lambda: result.refresh() or result.is_finished, message="the retry")
+    assert (result.status, result.return_value) == (SUCCESSFUL, 2)
+    assert result.attempts == 1, "only the run whose function began counts"
+    assert [e.exception_class_path for e in result.errors] == ["psycopg.errors.LockNotAvailable"]
+
+
+@transactional
+def test_a_task_record_deleted_while_its_start_is_marked_dead_letters_the_task():
+    result = demo.add.enqueue(1, 1)
+    with raw_connection() as deleter:
+        deleter.execute("DELETE FROM django_pgqueue_taskrecord WHERE id = %s", [result.id])
+        with (
+            running_worker(concurrency=1, poll_interval=0.2),
+            raw_connection(
+                autocommit=True  # pg_stat_activity is read once per transaction
+            ) as watcher,
+        ):
+            wait_until(lambda: _start_mark_waits(watcher), message="the start mark to wait")
+            deleter.commit()  # the mark finds no row
+            wait_until(lambda: DeadLetter.objects.exists(), message="the task dead-lettered")
+    dead = DeadLetter.objects.get()
+    assert dead.category == Category.PERMANENT
+    assert dead.reason == (
+        f"Permanent: the task record {result.id} was deleted while its task was claimed"
+    )
 
 
 @pytest.mark.slow
