@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """enqueue_many() of a large list at several chunk sizes, in turn.
 
-``enqueue_many`` sends more than ``producer.STREAM_CHUNK`` messages as
+``enqueue_many`` sends more than ``enqueuing.STREAM_CHUNK`` messages as
 several INSERTs of that many rows, pipelined in one transaction (see
 ``_insert_stream``): the server inserts one chunk while Python checks the
 next. This times one ``enqueue_many(items, topic=...)`` of ``--messages``
@@ -44,9 +44,9 @@ def child(chunk, messages):
     django.setup()
     from django.db import connection
 
-    from django_pgqueue import enqueue_many, producer
+    from django_pgqueue import enqueue_many, enqueuing
 
-    producer.STREAM_CHUNK = chunk
+    enqueuing.STREAM_CHUNK = chunk
     with connection.cursor() as cursor:
         cursor.execute("TRUNCATE django_pgqueue_message")
     items = [{"payload": {"n": i}} for i in range(messages)]

@@ -97,7 +97,7 @@ def enqueue_insert(database):
     import django
 
     django.setup()
-    from django_pgqueue.producer import INSERT_ONE_NO_DEDUP_SQL
+    from django_pgqueue.enqueuing import INSERT_ONE_NO_DEDUP_SQL
 
     def params(i):
         return ["default", "bench.noop", f'{{"n": {i}}}', "{}", 0, None, 0.0, None, None, None]

@@ -8,8 +8,8 @@ Django's app registry is ready.
 __version__ = "0.1.0.dev0"
 
 _API = {
-    "enqueue": "django_pgqueue.producer",
-    "enqueue_many": "django_pgqueue.producer",
+    "enqueue": "django_pgqueue.enqueuing",
+    "enqueue_many": "django_pgqueue.enqueuing",
     "handler": "django_pgqueue.registry",
     "Retry": "django_pgqueue.exceptions",
     "Permanent": "django_pgqueue.exceptions",
@@ -21,7 +21,7 @@ _API = {
     "categorize": "django_pgqueue.deadletters",
     # streams (the transactional outbox)
     "publish": "django_pgqueue.streams",
-    "subscriber": "django_pgqueue.subscribers",
+    "subscriber": "django_pgqueue.streams.subscribers",
     "SubscriptionError": "django_pgqueue.exceptions",
 }
 

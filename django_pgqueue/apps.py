@@ -11,8 +11,9 @@ class PgQueueConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from . import alerts, checks, conf, notify, registry
-        from .signals import dead_lettered
+        from django_pgqueue import checks, conf, notify, registry
+        from django_pgqueue.observability import alerts
+        from django_pgqueue.signals import dead_lettered
 
         checks.register()
         # Secret settings never show on Django's debug page (see conf.Secret).
@@ -23,16 +24,16 @@ class PgQueueConfig(AppConfig):
         # Dead-letter alerts (they do nothing while ALERT_WEBHOOK_URL is None).
         dead_lettered.connect(alerts.on_dead_lettered, dispatch_uid="django_pgqueue.alerts")
         registry.autodiscover()  # every installed app's handlers module, ours too
-        from . import subscribers
+        from django_pgqueue.streams import subscribers
 
         subscribers.autodiscover()  # streams: every installed app's subscribers module
         if django.VERSION >= (6, 0):
             # The django.tasks backend: its handler runs tasks in the worker.
-            from . import tasks  # noqa: F401
+            from django_pgqueue import tasks  # noqa: F401
 
 
 def _hide_changed_secrets(setting, value, **kwargs):
     if setting == "PGQUEUE":
-        from . import conf
+        from django_pgqueue import conf
 
         conf.hide_secrets(value)

@@ -5,7 +5,7 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError
 
-from . import conf
+from django_pgqueue import conf
 
 POSTGRESQL_ENGINES = ("django.db.backends.postgresql",)
 

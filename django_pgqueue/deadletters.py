@@ -31,10 +31,10 @@ from django.db.models import Case, F, Max, QuerySet, TextField, Value, When
 from django.db.models.functions import Concat
 from django.utils import timezone
 
-from . import conf, lifecycle
-from .exceptions import DeadLetterError, InvalidMessage
-from .models import UNFINISHED, Category, DeadLetter, DeadLetterState, Message
-from .producer import check_message, enqueue_many
+from django_pgqueue import conf, lifecycle
+from django_pgqueue.enqueuing import check_message, enqueue_many
+from django_pgqueue.exceptions import DeadLetterError, InvalidMessage
+from django_pgqueue.models import UNFINISHED, Category, DeadLetter, DeadLetterState, Message
 
 logger = logging.getLogger(__name__)
 

@@ -37,9 +37,9 @@ import urllib.error
 import urllib.request
 from urllib.parse import unquote_plus, urlsplit
 
-from . import __version__, conf
-from .exceptions import Permanent, PgQueueError
-from .registry import handler
+from django_pgqueue import __version__, conf
+from django_pgqueue.exceptions import Permanent, PgQueueError
+from django_pgqueue.registry import handler
 
 logger = logging.getLogger(__name__)
 

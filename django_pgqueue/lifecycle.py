@@ -33,9 +33,9 @@ from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce, Greatest, Now
 from django.utils import timezone
 
-from . import conf, policy, registry, signals
-from .db import prepared_cursor
-from .models import (
+from django_pgqueue import conf, policy, registry, signals
+from django_pgqueue.db import prepared_cursor
+from django_pgqueue.models import (
     GROUP_HEAD,
     Category,
     DeadLetter,

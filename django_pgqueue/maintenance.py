@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from django.db.models.functions import Now
 
-from . import lifecycle, streams
-from .models import WorkerHeartbeat
+from django_pgqueue import lifecycle, streams
+from django_pgqueue.models import WorkerHeartbeat
 
 logger = logging.getLogger(__name__)
 

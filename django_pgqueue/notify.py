@@ -19,7 +19,7 @@ import os
 import psycopg
 from django.db import connections
 
-from . import conf
+from django_pgqueue import conf
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def listen_connection(using):
 
 def trigger_enabled(using):
     """Whether the insert trigger fires on the database ``using``; None if it is absent."""
-    from .models import Message
+    from django_pgqueue.models import Message
 
     with connections[using].cursor() as cursor:
         cursor.execute(
@@ -57,7 +57,7 @@ def trigger_enabled(using):
 
 def set_trigger_enabled(enabled, using):
     """Enable or disable the insert trigger. Returns True if its state changed."""
-    from .models import Message
+    from django_pgqueue.models import Message
 
     current = trigger_enabled(using)
     if current is None or current == enabled:

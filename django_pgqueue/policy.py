@@ -18,9 +18,9 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import InterfaceError, OperationalError
 from django.utils.module_loading import import_string
 
-from . import conf
-from .exceptions import HandlerTimeout, Permanent, Retry
-from .models import Category
+from django_pgqueue import conf
+from django_pgqueue.exceptions import HandlerTimeout, Permanent, Retry
+from django_pgqueue.models import Category
 
 # Built-in rules, most specific first. Decisions that depend on the meaning of
 # an application's own exceptions belong in CLASSIFY_RULES.

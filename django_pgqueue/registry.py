@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from django.utils.module_loading import autodiscover_modules
 
-from . import conf
-from .exceptions import DuplicateHandler
+from django_pgqueue import conf
+from django_pgqueue.exceptions import DuplicateHandler
 
 _handlers = {}
 

@@ -7,7 +7,7 @@ gives ``/pgqueue/metrics`` (Prometheus) and ``/pgqueue/health`` (JSON).
 
 from django.urls import path
 
-from . import views
+from django_pgqueue.observability import views
 
 app_name = "pgqueue"
 

@@ -19,7 +19,6 @@ from django.test import override_settings
 
 from django_pgqueue import (
     __version__,
-    alerts,
     conf,
     enqueue,
     enqueue_many,
@@ -30,6 +29,7 @@ from django_pgqueue import (
 )
 from django_pgqueue.exceptions import Permanent
 from django_pgqueue.models import AlertState, Category, DeadLetter, Message, Status
+from django_pgqueue.observability import alerts
 
 from .conftest import wait_until
 

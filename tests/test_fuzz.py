@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
 from django_pgqueue import InvalidMessage, enqueue, enqueue_many, lifecycle
-from django_pgqueue.forms import DeadLetterPayloadForm
+from django_pgqueue.admin.forms import DeadLetterPayloadForm
 from django_pgqueue.models import DeadLetter, Message
 from django_pgqueue.notify import CHANNEL
 from django_pgqueue.worker import Worker

@@ -372,7 +372,7 @@ def test_four_workers_keep_the_order_of_200_groups_of_50_and_run_groups_in_paral
 
 @pytest.mark.django_db
 def test_status_and_metrics_count_blocked_messages_as_their_own_state():
-    from django_pgqueue import stats
+    from django_pgqueue.observability import stats
 
     enqueue_many([{"payload": {}, "group_key": "g"} for _ in range(3)], topic="test.record")
     lifecycle.promote_groups()

@@ -17,8 +17,8 @@ from django.test import override_settings
 from django.utils import timezone
 
 from django_pgqueue import lifecycle, maintenance
-from django_pgqueue.health import WorkerHealthServer
 from django_pgqueue.models import WorkerHeartbeat
+from django_pgqueue.observability.health import WorkerHealthServer
 
 from .conftest import raw_connection, running_worker, unreachable, wait_until
 from .test_metrics import TOKEN, http_get, worker_port

@@ -20,14 +20,8 @@ from django.urls import reverse
 from django.utils import formats, timezone
 from psycopg.types.json import Jsonb
 
-from django_pgqueue import (
-    InvalidMessage,
-    enqueue,
-    enqueue_many,
-    lifecycle,
-    stream_delivery,
-    subscribers,
-)
+from django_pgqueue import InvalidMessage, enqueue, enqueue_many, lifecycle
+from django_pgqueue.enqueuing import STREAM_CHUNK
 from django_pgqueue.fields import TIMESTAMP_MAX, TIMESTAMP_MIN
 from django_pgqueue.models import (
     AlertState,
@@ -39,7 +33,7 @@ from django_pgqueue.models import (
     TaskRecord,
     WorkerHeartbeat,
 )
-from django_pgqueue.producer import STREAM_CHUNK
+from django_pgqueue.streams import delivery, subscribers
 
 from .conftest import wait_until
 
@@ -353,14 +347,14 @@ def test_a_stream_event_published_at_infinity_is_delivered():
         [position] = cursor.fetchone()
     spec = subscribers.lookup("test.ledger")
     wait_until(
-        lambda: stream_delivery.deliver(spec).outcome == stream_delivery.DELIVERED,
+        lambda: delivery.deliver(spec).outcome == delivery.DELIVERED,
         timeout=10,
         message="the delivery",
     )
     assert list(Handled.objects.values_list("message_id", flat=True)) == [position]
     subscription = Subscription.objects.get(name="test.ledger")
     set_timestamps(subscription, "infinity", ["retry_at"])
-    assert stream_delivery.probe([subscription.pk])[0].retry_at == TIMESTAMP_MAX
+    assert delivery.probe([subscription.pk])[0].retry_at == TIMESTAMP_MAX
 
 
 @pytest.mark.skipif(django.VERSION < (6, 0), reason="django.tasks exists from Django 6.0 on")

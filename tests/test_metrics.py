@@ -14,8 +14,9 @@ from django.db import connections
 from django.test import override_settings
 from prometheus_client.parser import text_string_to_metric_families
 
-from django_pgqueue import enqueue, enqueue_many, lifecycle, metrics
+from django_pgqueue import enqueue, enqueue_many, lifecycle
 from django_pgqueue.models import DeadLetter, Message
+from django_pgqueue.observability import metrics
 
 from .conftest import wait_until
 

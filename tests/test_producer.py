@@ -11,7 +11,7 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_pgqueue import enqueue, enqueue_many, producer
+from django_pgqueue import enqueue, enqueue_many, enqueuing
 from django_pgqueue.exceptions import InvalidMessage
 from django_pgqueue.models import Message, Status
 from django_pgqueue.notify import CHANNEL
@@ -341,16 +341,16 @@ def test_dedup_is_per_topic_and_only_among_unfinished_messages():
 
 @pytest.mark.django_db
 def test_dedup_holder_finishing_between_insert_and_look_up_is_inserted_again(monkeypatch):
-    from django_pgqueue import producer
+    from django_pgqueue import enqueuing
 
     holder = enqueue("a", "old", dedup_key="k")
-    adopt = producer._adopt_existing
+    adopt = enqueuing._adopt_existing
 
     def holder_finishes_first(messages, alias):
         Message.objects.filter(pk=holder.pk).delete()  # acknowledged in this very gap
         return adopt(messages, alias)
 
-    monkeypatch.setattr(producer, "_adopt_existing", holder_finishes_first)
+    monkeypatch.setattr(enqueuing, "_adopt_existing", holder_finishes_first)
     message = enqueue("a", "new", dedup_key="k")
     assert message.created is True and message.pk != holder.pk
     assert list(Message.objects.values_list("payload", flat=True)) == ["new"]
@@ -390,7 +390,7 @@ def test_dedup_against_a_concurrent_uncommitted_enqueue_waits_for_it(other_conne
 
 @pytest.mark.django_db
 def test_enqueue_many_writes_all_rows_in_one_statement_and_returns_them():
-    size = producer.STREAM_CHUNK - 1  # the most one INSERT takes
+    size = enqueuing.STREAM_CHUNK - 1  # the most one INSERT takes
     items = [{"payload": {"n": n}} for n in range(size)]
     items[10]["priority"] = 5
     items[20]["topic"] = "other.topic"
@@ -443,7 +443,7 @@ def test_enqueue_many_with_dedup_keys_reports_each_outcome():
 def test_a_large_enqueue_many_is_sent_in_chunks_and_reports_each_outcome():
     """Past STREAM_CHUNK rows: several pipelined INSERTs in one transaction,
     dedup conflicts found in any chunk (with the table and across chunks)."""
-    chunk = producer.STREAM_CHUNK
+    chunk = enqueuing.STREAM_CHUNK
     existing = enqueue("t", "old", dedup_key="held")
     items = [{"payload": n} for n in range(2 * chunk + 1)]
     items[5]["dedup_key"] = "held"  # exists already
@@ -468,7 +468,7 @@ def test_a_large_enqueue_many_is_sent_in_chunks_and_reports_each_outcome():
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("inside_a_transaction", [False, True])
 def test_a_bad_row_late_in_a_large_enqueue_many_writes_nothing(inside_a_transaction):
-    chunk = producer.STREAM_CHUNK
+    chunk = enqueuing.STREAM_CHUNK
     items = [{"payload": n} for n in range(2 * chunk + 10)]
     items[chunk + 5]["priority"] = 1000
     if inside_a_transaction:
@@ -488,7 +488,7 @@ def test_a_bad_row_late_in_a_large_enqueue_many_writes_nothing(inside_a_transact
 def test_a_database_error_in_a_later_chunk_writes_nothing_and_leaves_a_usable_connection():
     from django.db import DatabaseError
 
-    chunk = producer.STREAM_CHUNK
+    chunk = enqueuing.STREAM_CHUNK
     items = [{"payload": n} for n in range(2 * chunk + 10)]
     items[chunk + 5]["payload"] = "boom"
     with connections["default"].cursor() as cursor:

@@ -36,7 +36,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from django_pgqueue import InvalidMessage, alerts, conf, deadletters, enqueue, enqueue_many
+from django_pgqueue import InvalidMessage, conf, deadletters, enqueue, enqueue_many
 from django_pgqueue import checks as pgqueue_checks
 from django_pgqueue import handlers as pgqueue_handlers
 from django_pgqueue.exceptions import DeadLetterError
@@ -49,6 +49,7 @@ from django_pgqueue.models import (
     WorkerHeartbeat,
 )
 from django_pgqueue.notify import CHANNEL
+from django_pgqueue.observability import alerts
 from django_pgqueue.registry import handler
 
 from .conftest import MANAGE, wait_until

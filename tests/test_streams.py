@@ -4,7 +4,7 @@ atomicity with the subscriber's writes, retries, block and dead-letter, one
 worker per subscription, retention, the worker option, and real worker
 processes (two at once; kill -9 mid-delivery).
 
-Deliveries run one pass at a time (``stream_delivery.deliver``) in this
+Deliveries run one pass at a time (``delivery.deliver``) in this
 process, outside any transaction (``transactional_db``): an event becomes
 deliverable once every transaction older than it has ended, in the whole
 PostgreSQL cluster, so a delivery that must happen is polled for with a
@@ -27,20 +27,10 @@ from django.test import override_settings
 from django.utils import timezone
 from psycopg.types.json import Jsonb
 
-from django_pgqueue import (
-    InvalidMessage,
-    conf,
-    maintenance,
-    publish,
-    signals,
-    stream_delivery,
-    subscriber,
-    subscribers,
-    subscriptions,
-)
+from django_pgqueue import InvalidMessage, conf, maintenance, publish, signals, subscriber
 from django_pgqueue.exceptions import DuplicateSubscriber
 from django_pgqueue.models import DeadLetter, StreamEvent, Subscription, SubscriptionState
-from django_pgqueue.streams import CHANNEL
+from django_pgqueue.streams import CHANNEL, delivery, subscribers, subscriptions
 
 from .conftest import raw_connection, running_worker, wait_until
 from .test_pgbouncer import pgbouncer  # noqa: F401  (the fixture: a PgBouncer of our own)
@@ -66,8 +56,7 @@ def deliver(name, **kwargs):
     waits for are deliverable (see the module docstring)."""
     return wait_until(
         lambda: (
-            (found := stream_delivery.deliver(spec(name), **kwargs)).outcome != stream_delivery.IDLE
-            and found
+            (found := delivery.deliver(spec(name), **kwargs)).outcome != delivery.IDLE and found
         ),
         timeout=HORIZON_TIMEOUT,
         message=f"a delivery to {name}",
@@ -229,9 +218,9 @@ def test_an_event_that_commits_before_an_older_open_one_waits_for_it():
         first = insert(a)  # A takes a position and stays open
         second = insert(b)
         b.commit()  # B, later, commits first
-        assert stream_delivery.deliver(spec(LEDGER)).outcome == stream_delivery.IDLE
+        assert delivery.deliver(spec(LEDGER)).outcome == delivery.IDLE
         assert delivered() == [] and row(LEDGER).checkpoint_position == 0
-        probe = stream_delivery.probe([row(LEDGER).pk])[0]
+        probe = delivery.probe([row(LEDGER).pk])[0]
         assert probe.held and not probe.due, "B's event is committed but held back"
         a.commit()
     settle("test.events", second)
@@ -262,7 +251,7 @@ def test_a_rolled_back_publish_leaves_a_gap_that_is_passed_over():
         gap = insert(a)
         after = insert(b)
         b.commit()
-        assert stream_delivery.deliver(spec(LEDGER)).outcome == stream_delivery.IDLE
+        assert delivery.deliver(spec(LEDGER)).outcome == delivery.IDLE
         a.rollback()
     deliver(LEDGER)
     assert delivered() == [after] and after > gap
@@ -274,7 +263,7 @@ def test_a_batch_goes_in_order_and_says_when_more_is_waiting():
     settle("test.events", positions[-1])
     first = deliver(LEDGER)
     assert (first.delivered, first.more) == (spec(LEDGER).batch_size, True)
-    while stream_delivery.deliver(spec(LEDGER)).more:
+    while delivery.deliver(spec(LEDGER)).more:
         pass
     assert delivered() == positions
     subscription = Subscription.objects.with_lag().get(name=LEDGER)
@@ -283,7 +272,7 @@ def test_a_batch_goes_in_order_and_says_when_more_is_waiting():
 
 
 def test_a_batch_takes_no_more_events_once_it_has_run_its_time(monkeypatch):
-    monkeypatch.setattr(stream_delivery, "BATCH_SECONDS", 0.0)
+    monkeypatch.setattr(delivery, "BATCH_SECONDS", 0.0)
     positions = [publish("test.events", {"n": n}).position for n in range(3)]
     settle("test.events", positions[-1])
     first = deliver(LEDGER)
@@ -304,7 +293,7 @@ def test_an_async_subscriber_writes_in_the_deliverys_transaction(temporary_subsc
     temporary_subscriber("test.async", "test.async", handle)
     ok = publish("test.async", {}).position
     settle("test.async", publish("test.async", {"fail": True}).position)
-    assert deliver("test.async").outcome == stream_delivery.RETRYING
+    assert deliver("test.async").outcome == delivery.RETRYING
     assert delivered("async") == [ok], "the failed event's write was committed"
 
 
@@ -316,7 +305,7 @@ def test_a_failing_event_commits_none_of_its_writes_and_the_checkpoint_stops_bef
     bad = publish("test.events", {"raise": "RuntimeError", "times": 1}).position
     settle("test.events", bad)
     result = deliver(LEDGER)
-    assert (result.outcome, result.delivered) == (stream_delivery.RETRYING, 2)
+    assert (result.outcome, result.delivered) == (delivery.RETRYING, 2)
     assert delivered() == ok, "the failing event's ledger row was committed"
     subscription = row(LEDGER)
     assert subscription.checkpoint_position == ok[-1], "the checkpoint passed the failing event"
@@ -326,9 +315,9 @@ def test_a_failing_event_commits_none_of_its_writes_and_the_checkpoint_stops_bef
     assert subscription.retry_at > timezone.now() - datetime.timedelta(seconds=1)
 
     early = subscription.retry_at - datetime.timedelta(seconds=1)
-    assert stream_delivery.deliver(spec(LEDGER), now=early).outcome == stream_delivery.NOT_DUE
+    assert delivery.deliver(spec(LEDGER), now=early).outcome == delivery.NOT_DUE
     later = subscription.retry_at + datetime.timedelta(seconds=1)
-    assert deliver(LEDGER, now=later).outcome == stream_delivery.DELIVERED
+    assert deliver(LEDGER, now=later).outcome == delivery.DELIVERED
     assert delivered() == [*ok, bad]
     assert Handled.objects.get(message_id=bad).attempt == 2
     subscription = row(LEDGER)
@@ -347,7 +336,7 @@ def test_retries_back_off_with_retry_after(temporary_subscriber):
     publish("test.retry", {})
     now = timezone.now()
     result = deliver("test.retry_after", now=now)
-    assert result.outcome == stream_delivery.RETRYING
+    assert result.outcome == delivery.RETRYING
     assert result.retry_at == now + datetime.timedelta(seconds=30)
     assert row("test.retry_after").retry_at == result.retry_at
 
@@ -363,7 +352,7 @@ def test_a_subscriber_that_swallows_a_database_error_fails_its_event(temporary_s
 
     temporary_subscriber("test.swallow", "test.swallow", swallow)
     publish("test.swallow", {})
-    assert deliver("test.swallow").outcome == stream_delivery.RETRYING
+    assert deliver("test.swallow").outcome == delivery.RETRYING
     assert "BrokenTransaction" in row("test.swallow").last_error
     assert not Handled.objects.exists()
 
@@ -376,9 +365,9 @@ def test_an_exhausted_event_blocks_the_subscription_until_an_operator_acts():
     try:
         bad = publish("test.failing", {"raise": "RuntimeError"}).position
         following = publish("test.failing", {}).position
-        assert deliver(BLOCKING).outcome == stream_delivery.RETRYING
+        assert deliver(BLOCKING).outcome == delivery.RETRYING
         later = row(BLOCKING).retry_at + datetime.timedelta(seconds=1)
-        assert deliver(BLOCKING, now=later).outcome == stream_delivery.BLOCKED
+        assert deliver(BLOCKING, now=later).outcome == delivery.BLOCKED
     finally:
         signals.subscription_blocked.disconnect(dispatch_uid="t")
     subscription = row(BLOCKING)
@@ -389,22 +378,22 @@ def test_an_exhausted_event_blocks_the_subscription_until_an_operator_acts():
          "error": "RuntimeError: something odd", "signal": signals.subscription_blocked}
     ]  # fmt: skip
     far = later + datetime.timedelta(days=1)
-    assert stream_delivery.deliver(spec(BLOCKING), now=far).outcome == stream_delivery.STOPPED
+    assert delivery.deliver(spec(BLOCKING), now=far).outcome == delivery.STOPPED
     assert delivered(BLOCKING) == [] and not DeadLetter.objects.exists()
 
     assert subscriptions.resume([BLOCKING]) == 1  # tried again, fresh attempts
-    assert deliver(BLOCKING).outcome == stream_delivery.RETRYING
+    assert deliver(BLOCKING).outcome == delivery.RETRYING
     assert (row(BLOCKING).state, row(BLOCKING).attempts) == (SubscriptionState.RETRYING, 1)
 
     assert subscriptions.reset([BLOCKING], bad) == 1  # skip it
     assert row(BLOCKING).state == SubscriptionState.ACTIVE
-    assert deliver(BLOCKING).outcome == stream_delivery.DELIVERED
+    assert deliver(BLOCKING).outcome == delivery.DELIVERED
     assert delivered(BLOCKING) == [following]
 
 
 def test_a_permanent_error_blocks_at_once():
     publish("test.failing", {"raise": "ValueError"})
-    assert deliver(BLOCKING).outcome == stream_delivery.BLOCKED
+    assert deliver(BLOCKING).outcome == delivery.BLOCKED
     assert row(BLOCKING).attempts == 1
 
 
@@ -416,12 +405,12 @@ def test_dead_letter_moves_the_event_and_the_subscription_goes_on():
     try:
         bad = publish("test.failing", {"raise": "RuntimeError"}, key="o-7", headers={"h": 1})
         following = publish("test.failing", {"n": 2})
-        assert deliver(DEAD_LETTERING).outcome == stream_delivery.RETRYING
+        assert deliver(DEAD_LETTERING).outcome == delivery.RETRYING
         later = row(DEAD_LETTERING).retry_at + datetime.timedelta(seconds=1)
         result = deliver(DEAD_LETTERING, now=later)
     finally:
         signals.dead_lettered.disconnect(dispatch_uid="t")
-    assert result.outcome == stream_delivery.DEAD_LETTERED
+    assert result.outcome == delivery.DEAD_LETTERED
     dead = DeadLetter.objects.get()
     assert (dead.topic, dead.message_id, dead.queue) == ("test.failing", bad.position, "default")
     assert (dead.category, dead.attempts, dead.payload) == ("unknown", 2, bad.payload)
@@ -439,7 +428,7 @@ def test_dead_letter_moves_the_event_and_the_subscription_goes_on():
         bad.position,
         bad.xid,
     )
-    assert deliver(DEAD_LETTERING).outcome == stream_delivery.DELIVERED
+    assert deliver(DEAD_LETTERING).outcome == delivery.DELIVERED
     assert delivered(DEAD_LETTERING) == [following.position]
 
 
@@ -452,9 +441,9 @@ def test_an_event_python_cannot_read_fails_permanently():
             [nested],
         )
         conn.commit()
-    assert deliver(BLOCKING).outcome == stream_delivery.BLOCKED
+    assert deliver(BLOCKING).outcome == delivery.BLOCKED
     assert "nested too deeply" in row(BLOCKING).last_error
-    assert deliver(DEAD_LETTERING).outcome == stream_delivery.DEAD_LETTERED
+    assert deliver(DEAD_LETTERING).outcome == delivery.DEAD_LETTERED
     dead = DeadLetter.objects.values_list("topic", "category").get()
     assert dead == ("test.failing", "permanent"), "the stored JSON is kept as it was"
 
@@ -466,8 +455,8 @@ def test_one_delivery_at_a_time_per_subscription():
         other.execute(
             "SELECT pg_advisory_xact_lock(%s, %s)", [subscriptions.LOCK_KEY, subscription_id]
         )
-        outcome = stream_delivery.deliver(spec(LEDGER), subscription_id)
-        assert outcome.outcome == stream_delivery.BUSY and delivered() == []
+        outcome = delivery.deliver(spec(LEDGER), subscription_id)
+        assert outcome.outcome == delivery.BUSY and delivered() == []
         other.rollback()
     assert deliver(LEDGER, subscription_id=subscription_id).delivered == 1
 
@@ -480,7 +469,7 @@ def test_an_operator_change_during_a_delivery_rolls_the_batch_back(temporary_sub
 
     temporary_subscriber("test.meddle", "test.meddle", meddle)
     publish("test.meddle", {})
-    assert deliver("test.meddle").outcome == stream_delivery.MOVED
+    assert deliver("test.meddle").outcome == delivery.MOVED
     assert not Handled.objects.exists() and row("test.meddle").checkpoint_position == 0
 
 
@@ -490,7 +479,7 @@ def test_a_new_subscription_can_start_at_the_end(temporary_subscriber):
     temporary_subscriber("test.tail", "test.tail", lambda event: None, start="end")
     subscriptions.ensure([spec("test.tail")])
     assert row("test.tail").checkpoint_position == old
-    assert stream_delivery.deliver(spec("test.tail")).outcome == stream_delivery.IDLE
+    assert delivery.deliver(spec("test.tail")).outcome == delivery.IDLE
 
 
 def test_a_subscription_row_of_another_stream_is_not_served(caplog):
@@ -512,7 +501,7 @@ def test_operator_functions_refuse_bad_input_and_change_nothing():
     assert row(LEDGER).checkpoint_position == 0 and row(LEDGER).state == "active"
     assert subscriptions.pause([LEDGER]) == 1 and subscriptions.pause([LEDGER]) == 0
     publish("test.events", {})
-    assert stream_delivery.deliver(spec(LEDGER)).outcome == stream_delivery.STOPPED
+    assert delivery.deliver(spec(LEDGER)).outcome == delivery.STOPPED
 
 
 # --- the registry and the worker option -------------------------------------------------
@@ -644,10 +633,10 @@ def test_the_hot_statements_read_the_stream_index():
     tables = {"events": EVENTS_TABLE, "subs": "django_pgqueue_subscription"}
     statements = {
         "next events": (
-            stream_delivery._sql(stream_delivery.NEXT_SQL),
+            delivery._sql(delivery.NEXT_SQL),
             {"now": None, "limit": 50, "id": ids[LEDGER]},
         ),
-        "probe": (stream_delivery._sql(stream_delivery.PROBE_SQL), [list(ids.values())]),
+        "probe": (delivery._sql(delivery.PROBE_SQL), [list(ids.values())]),
         "head": (subscriptions.HEAD_SQL.format(**tables), ["test.events"]),
         "retention": (
             streams.PRUNE_SQL.format(**tables),

@@ -10,8 +10,10 @@ from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 from prometheus_client.parser import text_string_to_metric_families
 
-from django_pgqueue import metrics, publish, subscriptions
+from django_pgqueue import publish
 from django_pgqueue.models import DeadLetter, StreamEvent, Subscription, SubscriptionState
+from django_pgqueue.observability import metrics
+from django_pgqueue.streams import subscriptions
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -8,8 +8,8 @@ from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 from django.utils import timezone
 
-from django_pgqueue import stats
 from django_pgqueue.models import Category, DeadLetter, DeadLetterState, Status
+from django_pgqueue.observability import stats
 
 pytestmark = pytest.mark.django_db
 

@@ -17,7 +17,7 @@ from django.core.management.base import BaseCommand, CommandError, SystemCheckEr
 from django.db import DatabaseError, OperationalError
 from django.utils import timezone
 
-from django_pgqueue import conf, stats
+from django_pgqueue import conf
 from django_pgqueue.management.options import (
     non_negative_int,
     positive_int,
@@ -25,7 +25,8 @@ from django_pgqueue.management.options import (
     seconds_or_zero,
 )
 from django_pgqueue.models import DeadLetterState, SubscriptionState
-from django_pgqueue.stream_models import LAG_COUNT_CAP
+from django_pgqueue.models.streams import LAG_COUNT_CAP
+from django_pgqueue.observability import stats
 
 STATES = (stats.READY, stats.DELAYED, stats.BLOCKED, stats.PROCESSING)
 

@@ -1,5 +1,5 @@
 """manage.py pgqueue_subscriptions: look at and steer stream subscriptions
-from the shell (the same operations as django_pgqueue.subscriptions).
+from the shell (the same operations as django_pgqueue.streams.subscriptions).
 
     pgqueue_subscriptions list
     pgqueue_subscriptions pause NAME [NAME ...]
@@ -11,10 +11,11 @@ import argparse
 
 from django.core.management.base import BaseCommand, CommandError
 
-from django_pgqueue import stats, subscriptions
 from django_pgqueue.exceptions import SubscriptionError
 from django_pgqueue.management.options import free_text
-from django_pgqueue.stream_models import LAG_COUNT_CAP
+from django_pgqueue.models.streams import LAG_COUNT_CAP
+from django_pgqueue.observability import stats
+from django_pgqueue.streams import subscriptions
 
 
 def target(text):

@@ -10,8 +10,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
-from django_pgqueue import conf, endpoints
-from django_pgqueue.health import WorkerHealthServer
+from django_pgqueue import conf
 from django_pgqueue.management.options import (
     http_host,
     non_negative_int,
@@ -21,7 +20,9 @@ from django_pgqueue.management.options import (
     seconds_or_zero,
     up_to,
 )
-from django_pgqueue.metrics import WorkerMetrics
+from django_pgqueue.observability import endpoints
+from django_pgqueue.observability.health import WorkerHealthServer
+from django_pgqueue.observability.metrics import WorkerMetrics
 from django_pgqueue.worker import Worker
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -41,7 +42,7 @@ def port(text):
 
 def subscription_list(text):
     """--subscriptions: "all", "none" or comma-separated registered names."""
-    from django_pgqueue.subscribers import select
+    from django_pgqueue.streams.subscribers import select
 
     text = text.strip()
     value = text if text in ("all", "none") else [n.strip() for n in text.split(",") if n.strip()]

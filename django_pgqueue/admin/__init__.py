@@ -27,9 +27,8 @@ from django.utils.html import format_html
 from django.utils.text import Truncator
 from django.utils.timesince import timesince
 
-from . import conf, deadletters, lifecycle, stats
-from .exceptions import DeadLetterError
-from .forms import (
+from django_pgqueue import conf, deadletters, lifecycle
+from django_pgqueue.admin.forms import (
     CategoryForm,
     DeadLetterMoveForm,
     DeadLetterPayloadForm,
@@ -37,7 +36,16 @@ from .forms import (
     ReviveAgainForm,
     ReviveToForm,
 )
-from .models import Category, DeadLetter, DeadLetterState, Message, Status, WorkerHeartbeat
+from django_pgqueue.exceptions import DeadLetterError
+from django_pgqueue.models import (
+    Category,
+    DeadLetter,
+    DeadLetterState,
+    Message,
+    Status,
+    WorkerHeartbeat,
+)
+from django_pgqueue.observability import stats
 
 LOG_CHUNK = 1000  # LogEntry rows written per INSERT
 EXAMPLES = 10  # rows named on an intermediate page
@@ -668,4 +676,4 @@ class WorkerHeartbeatAdmin(NulFreeLookupsMixin, admin.ModelAdmin):
 
 # --- streams: subscriptions and stream events (streams_admin.py) -----------------------
 
-from . import streams_admin  # noqa: E402, F401
+from django_pgqueue.admin import streams  # noqa: E402, F401

@@ -52,10 +52,18 @@ from django.utils import timezone
 from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 
-from . import conf, lifecycle, policy, producer, registry, signals
-from .exceptions import InvalidMessage, Permanent, Retry, describe
-from .fields import finite_sql
-from .models import Category, DeadLetter, DeadLetterState, Message, Status, TaskRecord, TaskStatus
+from django_pgqueue import conf, enqueuing, lifecycle, policy, registry, signals
+from django_pgqueue.exceptions import InvalidMessage, Permanent, Retry, describe
+from django_pgqueue.fields import finite_sql
+from django_pgqueue.models import (
+    Category,
+    DeadLetter,
+    DeadLetterState,
+    Message,
+    Status,
+    TaskRecord,
+    TaskStatus,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -205,7 +213,7 @@ class PgQueueBackend(BaseTaskBackend):
         )
         message = _task_message(task_result)
         try:
-            producer.check_message(**message)
+            enqueuing.check_message(**message)
         except InvalidMessage as exc:
             raise InvalidTask(str(exc)) from None
         queue_alias = conf.get("DATABASE")
@@ -259,7 +267,7 @@ def _insert(task_result, message, using):
     (a savepoint of the caller's, when it is open there)."""
     task = task_result.task
     with transaction.atomic(using=using):
-        inserted = producer.enqueue(**message, using=using)
+        inserted = enqueuing.enqueue(**message, using=using)
         TaskRecord.objects.using(using).create(
             id=task_result.id,
             task_path=task.module_path,
@@ -666,7 +674,7 @@ def _error_from_text(reason, trace):
     worker, a move to the dead letters from the admin): its class from the
     reason ("ClassName: text") when that names one of our exceptions or a
     builtin one, else ``PgQueueError`` (there was no exception)."""
-    from . import exceptions
+    from django_pgqueue import exceptions
 
     name = (reason or "").split(":", 1)[0].strip()
     if isinstance(getattr(exceptions, name, None), type):

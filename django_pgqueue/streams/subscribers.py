@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 from django.utils.module_loading import autodiscover_modules
 
-from . import conf
-from .exceptions import DuplicateSubscriber
-from .registry import _is_int, _location, _seconds
-from .stream_models import STREAM_NAME_MAX_LENGTH, SUBSCRIPTION_NAME_MAX_LENGTH
+from django_pgqueue import conf
+from django_pgqueue.exceptions import DuplicateSubscriber
+from django_pgqueue.models.streams import STREAM_NAME_MAX_LENGTH, SUBSCRIPTION_NAME_MAX_LENGTH
+from django_pgqueue.registry import _is_int, _location, _seconds
 
 BLOCK, DEAD_LETTER = "block", "dead_letter"
 ON_FAILURE = (BLOCK, DEAD_LETTER)

@@ -37,11 +37,11 @@ import psycopg
 from asgiref.sync import async_to_sync
 from django.db import DatabaseError, connections, transaction
 
-from . import conf, lifecycle, maintenance, policy, registry, signals
-from .exceptions import HandlerTimeout, Permanent, Retry, describe
-from .metrics import DEAD_LETTERED, RETRIED, NullMetrics
-from .models import Category
-from .notify import CHANNEL, GROUPS_CHANNEL, listen_connection
+from django_pgqueue import conf, lifecycle, maintenance, policy, registry, signals
+from django_pgqueue.exceptions import HandlerTimeout, Permanent, Retry, describe
+from django_pgqueue.models import Category
+from django_pgqueue.notify import CHANNEL, GROUPS_CHANNEL, listen_connection
+from django_pgqueue.observability.metrics import DEAD_LETTERED, RETRIED, NullMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -222,7 +222,7 @@ class Worker:
         # Streams: the subscriptions it delivers to ("all", "none"/None, or
         # names; an unknown name is a ValueError), in threads of their own
         # (stream_worker.py).
-        from .subscribers import select
+        from django_pgqueue.streams.subscribers import select
 
         self.subscriptions = select(subscriptions)
         self._streams = None
@@ -275,7 +275,7 @@ class Worker:
         self._start_thread(self._heartbeat_loop, "pgqueue-heartbeat")
         if self.listen:
             self._start_thread(self._listen_loop, "pgqueue-listener")
-        from .stream_worker import start_for  # streams: None when it serves none
+        from django_pgqueue.streams.thread import start_for  # streams: None when it serves none
 
         self._streams = start_for(self)
         try:

@@ -10,9 +10,10 @@ from django.http import HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
 
-from . import conf, endpoints
-from . import health as health_checks
-from . import metrics as prometheus
+from django_pgqueue import conf
+from django_pgqueue.observability import endpoints
+from django_pgqueue.observability import health as health_checks
+from django_pgqueue.observability import metrics as prometheus
 
 
 def _refusal(request, setting):

@@ -22,7 +22,8 @@ import time
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError
 
-from . import conf, endpoints, stats
+from django_pgqueue import conf
+from django_pgqueue.observability import endpoints, stats
 
 logger = logging.getLogger(__name__)
 
@@ -140,7 +141,7 @@ def _subscription_families(subscriptions):
     stream) and state."""
     from prometheus_client.core import GaugeMetricFamily
 
-    from .stream_models import SubscriptionState
+    from django_pgqueue.models.streams import SubscriptionState
 
     labels = ["subscription", "stream"]
     events = GaugeMetricFamily(

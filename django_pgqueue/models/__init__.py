@@ -17,8 +17,8 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from . import conf
-from .fields import TIMESTAMP_MAX, TIMESTAMP_MIN, DateTimeField, FiniteDatesQuerySet
+from django_pgqueue import conf
+from django_pgqueue.fields import TIMESTAMP_MAX, TIMESTAMP_MIN, DateTimeField, FiniteDatesQuerySet
 
 # PostgreSQL's infinite timestamps as the datetimes every read gives them (fields.py).
 _INFINITE = {"infinity": TIMESTAMP_MAX, "-infinity": TIMESTAMP_MIN}
@@ -388,7 +388,7 @@ class TaskRecord(models.Model):
 
 # --- streams (the transactional outbox): their models live in stream_models.py ---------
 
-from .stream_models import (  # noqa: E402, F401
+from django_pgqueue.models.streams import (  # noqa: E402, F401
     StreamEvent,
     Subscription,
     SubscriptionState,

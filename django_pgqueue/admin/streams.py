@@ -15,18 +15,19 @@ from django.contrib import admin, messages
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.utils.html import format_html
 
-from . import conf, subscribers, subscriptions
-from .admin import (
+from django_pgqueue import conf
+from django_pgqueue.admin import (
     NulFreeLookupsMixin,
     _applied_form,
     _intermediate_page,
     _pretty_json,
     _short,
 )
-from .exceptions import SubscriptionError
-from .forms import DeadLetterMoveForm
-from .models import StreamEvent, Subscription, SubscriptionState
-from .stream_models import LAG_COUNT_CAP
+from django_pgqueue.admin.forms import DeadLetterMoveForm
+from django_pgqueue.exceptions import SubscriptionError
+from django_pgqueue.models import StreamEvent, Subscription, SubscriptionState
+from django_pgqueue.models.streams import LAG_COUNT_CAP
+from django_pgqueue.streams import subscribers, subscriptions
 
 POSITION_MAX = 2**63 - 1
 

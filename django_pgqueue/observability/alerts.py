@@ -70,9 +70,9 @@ from urllib.parse import urlencode
 from django.db import connections, transaction
 from django.urls import reverse
 
-from . import conf
-from .models import AlertState
-from .producer import enqueue
+from django_pgqueue import conf
+from django_pgqueue.enqueuing import enqueue
+from django_pgqueue.models import AlertState
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from http.server import HTTPServer
 from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
-from . import conf
+from django_pgqueue import conf
 
 logger = logging.getLogger(__name__)
 

@@ -28,12 +28,13 @@ from asgiref.sync import async_to_sync
 from django.db import connections, transaction
 from django.utils import timezone
 
-from . import conf, policy, signals, subscriptions
-from .exceptions import Permanent, Retry, describe
-from .fields import finite_sql
-from .models import StreamEvent
-from .stream_models import DELIVERING, Subscription, SubscriptionState
-from .subscribers import DEAD_LETTER
+from django_pgqueue import conf, policy, signals
+from django_pgqueue.exceptions import Permanent, Retry, describe
+from django_pgqueue.fields import finite_sql
+from django_pgqueue.models import StreamEvent
+from django_pgqueue.models.streams import DELIVERING, Subscription, SubscriptionState
+from django_pgqueue.streams import subscriptions
+from django_pgqueue.streams.subscribers import DEAD_LETTER
 
 logger = logging.getLogger(__name__)
 

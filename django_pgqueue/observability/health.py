@@ -21,7 +21,8 @@ from http.server import BaseHTTPRequestHandler
 
 from django.db import DatabaseError, connections
 
-from . import conf, endpoints, stats
+from django_pgqueue import conf
+from django_pgqueue.observability import endpoints, stats
 
 logger = logging.getLogger(__name__)
 

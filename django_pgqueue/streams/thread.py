@@ -6,7 +6,7 @@ Threads (both daemons, both started and stopped by ``worker.Worker``):
 
 - ``pgqueue-streams`` creates the served subscriptions' rows, then goes
   round: one probe query tells which subscriptions have deliverable events;
-  each of those gets one batch (``stream_delivery.deliver``, one
+  each of those gets one batch (``delivery.deliver``, one
   transaction), then the next round starts. With nothing to do it waits for
   a wake-up, the poll interval, a retrying subscription's next try, or a
   short, growing delay while committed events wait for an older transaction
@@ -37,10 +37,10 @@ import time
 import psycopg
 from django.db import connections
 
-from . import conf, maintenance, stream_delivery, subscriptions
-from .exceptions import describe
-from .notify import listen_connection
-from .streams import CHANNEL
+from django_pgqueue import conf, maintenance
+from django_pgqueue.exceptions import describe
+from django_pgqueue.notify import listen_connection
+from django_pgqueue.streams import CHANNEL, delivery, subscriptions
 
 logger = logging.getLogger(__name__)
 
@@ -53,11 +53,11 @@ HELD_DELAY = 0.01
 MAINTENANCE_INTERVAL = 60.0
 # Outcomes after which the next round starts at once.
 _WORKED = {
-    stream_delivery.DELIVERED,
-    stream_delivery.RETRYING,
-    stream_delivery.BLOCKED,
-    stream_delivery.DEAD_LETTERED,
-    stream_delivery.MOVED,
+    delivery.DELIVERED,
+    delivery.RETRYING,
+    delivery.BLOCKED,
+    delivery.DEAD_LETTERED,
+    delivery.MOVED,
 }
 
 
@@ -232,7 +232,7 @@ class StreamWorker:
         if self._ids is None:
             self._ids = subscriptions.ensure(self.specs)
         by_id = {pk: spec for spec in self.specs if (pk := self._ids.get(spec.name))}
-        probes = stream_delivery.probe(by_id)
+        probes = delivery.probe(by_id)
         if len(probes) < len(by_id):
             self._ids = None  # a row was deleted: created again next round
             return 0
@@ -245,12 +245,12 @@ class StreamWorker:
             if self._stop.is_set():
                 return 0
             if found.due:
-                delivery = stream_delivery.deliver(
+                result = delivery.deliver(
                     by_id[found.id], found.id, self.worker_id, watch=self._watch
                 )
-                self.delivered += delivery.delivered
-                worked = worked or delivery.outcome in _WORKED
-                if delivery.outcome == stream_delivery.GONE:
+                self.delivered += result.delivered
+                worked = worked or result.outcome in _WORKED
+                if result.outcome == delivery.GONE:
                     self._ids = None  # deleted meanwhile: created again next round
             elif found.ready and found.retry_at is not None:
                 wait = min(wait, (found.retry_at - found.now).total_seconds())

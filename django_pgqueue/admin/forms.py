@@ -7,10 +7,10 @@ from django import forms
 from django.core.serializers.json import DjangoJSONEncoder
 from django.forms.fields import InvalidJSONInput
 
-from . import conf
-from .exceptions import InvalidMessage
-from .models import Category, DeadLetter, DeadLetterState
-from .producer import check_payload
+from django_pgqueue import conf
+from django_pgqueue.enqueuing import check_payload
+from django_pgqueue.exceptions import InvalidMessage
+from django_pgqueue.models import Category, DeadLetter, DeadLetterState
 
 
 class CategoryForm(forms.Form):

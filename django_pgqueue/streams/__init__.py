@@ -18,12 +18,12 @@ import logging
 from django.db import connections, transaction
 from django.db.models.base import ModelState
 
-from . import conf, signals
-from .db import prepared_cursor
-from .exceptions import InvalidMessage
-from .models import StreamEvent, Subscription, timestamp_from_text
-from .producer import _aliases, _key, _name_problem, _to_json
-from .stream_models import STREAM_NAME_MAX_LENGTH
+from django_pgqueue import conf, signals
+from django_pgqueue.db import prepared_cursor
+from django_pgqueue.enqueuing import _aliases, _key, _name_problem, _to_json
+from django_pgqueue.exceptions import InvalidMessage
+from django_pgqueue.models import StreamEvent, Subscription, timestamp_from_text
+from django_pgqueue.models.streams import STREAM_NAME_MAX_LENGTH
 
 logger = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from django.db.models import BooleanField, Case, Count, ExpressionWrapper, Min, 
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from . import conf
-from .models import DeadLetter, Message, Status, WorkerHeartbeat
+from django_pgqueue import conf
+from django_pgqueue.models import DeadLetter, Message, Status, WorkerHeartbeat
 
 
 def _alias():
@@ -135,7 +135,7 @@ def subscriptions_with_lag():
     after its checkpoint, at most stream_models.LAG_COUNT_CAP) and
     ``oldest_pending_at`` (when the first of them was published, or None),
     plus ``now`` (the database's clock)."""
-    from .models import Subscription
+    from django_pgqueue.models import Subscription
 
     return list(
         Subscription.objects.using(_alias()).with_lag().annotate(now=Now()).order_by("name")

@@ -24,11 +24,11 @@ from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.models import Q
 from django.db.models.base import ModelState
 
-from . import conf, signals
-from .db import prepared_cursor
-from .exceptions import InvalidMessage
-from .fields import TIMESTAMP_MAX, TIMESTAMP_MIN
-from .models import UNFINISHED, Message, Status, timestamp_from_text
+from django_pgqueue import conf, signals
+from django_pgqueue.db import prepared_cursor
+from django_pgqueue.exceptions import InvalidMessage
+from django_pgqueue.fields import TIMESTAMP_MAX, TIMESTAMP_MIN
+from django_pgqueue.models import UNFINISHED, Message, Status, timestamp_from_text
 
 # One statement for one message or fifty thousand: the ORM cannot say
 # "INSERT ... ON CONFLICT (cols) WHERE <partial index predicate> DO NOTHING
