@@ -139,6 +139,16 @@ def get(name):
     return user.get(name, DEFAULTS[name])
 
 
+def database_alias():
+    """The database alias the queue's tables live in (``PGQUEUE["DATABASE"]``)."""
+    return get("DATABASE")
+
+
+def is_int(value):
+    """An int that is not a bool (``True`` is an ``int`` to Python)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def name_problem(kind, value, max_length):
     """Why ``value`` is not a valid queue or topic name, or None if it is."""
     if not isinstance(value, str):
@@ -185,7 +195,7 @@ def _queue(value):
 
 
 def _positive_int(value):
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+    if is_int(value) and value >= 1:
         return None
     return "must be a whole number of at least 1"
 
@@ -229,7 +239,7 @@ def _webhook_timeout(value):
 
 
 def _non_negative_int(value):
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+    if is_int(value) and value >= 0:
         return None
     return "must be a whole number of at least 0"
 

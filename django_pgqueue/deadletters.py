@@ -120,7 +120,7 @@ def revive(
     a large redrive trickles in instead of flooding the workers. ``clock``
     and ``sleep`` are for tests.
     """
-    using = _alias()
+    using = conf.database_alias()
     queue = _name_or_none("queue", queue, conf.QUEUE_MAX_LENGTH)
     topic = _name_or_none("topic", topic, conf.TOPIC_MAX_LENGTH)
     by, note = _actor(by), _note(note)
@@ -323,7 +323,7 @@ def resolve(dead_letters, *, note, by="", dry_run=False, now=None, chunk_size=CH
     ``notes``; ``note`` is required. Already resolved and revived ones are
     skipped.
     """
-    using = _alias()
+    using = conf.database_alias()
     by, note = _actor(by), _note(note)
     if not note:
         raise DeadLetterError("resolve() needs a note saying why (note='...')")
@@ -376,7 +376,7 @@ def categorize(
     the previous category, who and ``note``. Dead letters already in
     that category are skipped.
     """
-    using = _alias()
+    using = conf.database_alias()
     if category not in Category.values:
         raise DeadLetterError(f"unknown category {category!r}; one of {', '.join(Category.values)}")
     category = Category(category).value
@@ -433,7 +433,7 @@ def select(*, topics=None, categories=None, states=None, since=None, ids=None):
     ``DeadLetterError`` for an unknown category or state, a bad id and an id
     that no dead letter has.
     """
-    using = _alias()
+    using = conf.database_alias()
     queryset = DeadLetter.objects.using(using).all()
     if topics is not None:
         topics = [topics] if isinstance(topics, str) else list(topics)
@@ -455,10 +455,6 @@ def select(*, topics=None, categories=None, states=None, since=None, ids=None):
 
 
 # --- helpers ----------------------------------------------------------------------
-
-
-def _alias():
-    return conf.get("DATABASE")
 
 
 def _locked(ids, using, result, only=None, lock=True):

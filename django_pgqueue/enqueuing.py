@@ -515,7 +515,7 @@ def _validate(fields):
     headers_json = _to_json("headers", headers)
 
     priority = fields.get("priority", 0)
-    if not _is_int(priority):
+    if not conf.is_int(priority):
         raise InvalidMessage(f"priority must be an integer, not {type(priority).__name__}")
     if not conf.PRIORITY_MIN <= priority <= conf.PRIORITY_MAX:
         raise InvalidMessage(
@@ -532,7 +532,7 @@ def _validate(fields):
 
     max_attempts = fields.get("max_attempts")
     if max_attempts is not None and (
-        not _is_int(max_attempts) or not 1 <= max_attempts <= _INT_MAX
+        not conf.is_int(max_attempts) or not 1 <= max_attempts <= _INT_MAX
     ):
         raise InvalidMessage(
             f"max_attempts must be a whole number of at least 1, not {max_attempts!r}"
@@ -693,10 +693,6 @@ def _key(name, value):
             f"{name} is {len(value)} characters long; the limit is {conf.KEY_MAX_LENGTH}"
         )
     return value
-
-
-def _is_int(value):
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 # --- for deadletters.revive() ---------------------------------------------------

@@ -157,10 +157,6 @@ class RescueResult:
     dead_lettered: int
 
 
-def alias():
-    return conf.get("DATABASE")
-
-
 def limits():
     """LIMITS_SQL's parameters from the settings; None when both are None."""
     values = [
@@ -174,7 +170,7 @@ def set_limits(using=None):
     """Put the worker's limits on the current transaction of ``using``."""
     params = limits()
     if params is not None:
-        with connections[using or alias()].cursor() as cursor:
+        with connections[using or conf.database_alias()].cursor() as cursor:
             cursor.execute(LIMITS_SQL, params)
 
 
@@ -183,7 +179,7 @@ def worker_transaction(using=None):
     """``transaction.atomic`` with the worker's limits, when it starts the
     transaction; inside a caller's transaction it is a savepoint and the
     caller's settings stay as they are."""
-    using = using or alias()
+    using = using or conf.database_alias()
     outermost = not connections[using].in_atomic_block
     with transaction.atomic(using=using):
         if outermost:
@@ -249,7 +245,7 @@ def promote_groups(limit=PROMOTE_LIMIT):
     models.GroupRelease), in a transaction of its own unless the caller has
     one. Returns how many releases are left for another call (groups being
     promoted by another transaction right now, or past ``limit``)."""
-    using = alias()
+    using = conf.database_alias()
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
         cursor.execute(PROMOTE_GROUPS_SQL, [limit, bool(conf.get("NOTIFY"))])
         return cursor.fetchone()[0]
@@ -260,7 +256,7 @@ def lead_group(message):
     transaction, the head of its group ahead of the group's older blocked
     messages, if the group has no head: a revived dead letter that held its
     group runs first. Returns whether it became the head."""
-    using = alias()
+    using = conf.database_alias()
     connection = connections[using]
     with transaction.atomic(using=using):
         with connection.cursor() as cursor:
@@ -322,7 +318,7 @@ def ack_and_claim_rows(
     next message of released groups first, in the same round trip (after
     the acknowledgements, which may release groups; before the claim, which
     then takes the new heads). Returns a ClaimResult."""
-    using = alias()
+    using = conf.database_alias()
     connection = connections[using]
     async_commit = not connection.in_atomic_block
     token = uuid.uuid4()
@@ -592,7 +588,7 @@ def message_from_row(row):
     for attname in _TIMESTAMP_ATTNAMES:
         values[attname] = timestamp_from_text(values[attname])
     state = values["_state"] = ModelState()
-    state.adding, state.db = False, alias()
+    state.adding, state.db = False, conf.database_alias()
     message.__dict__ = values
     return message
 
@@ -638,7 +634,7 @@ def ack_unlocked(messages):
     """``ack_many``, skipping rows another transaction has locked; returns
     (the ids finished, the ids still leased but locked: acknowledge them
     again later)."""
-    async_commit = not connections[alias()].in_atomic_block
+    async_commit = not connections[conf.database_alias()].in_atomic_block
     # One statement, whatever the claims.
     finished = ack_leased(messages, async_commit, skip_locked=True)
     return finished, _unacknowledged(messages, finished)
@@ -662,7 +658,7 @@ def still_leased(messages):
     for token, group in _by_token(messages).items():
         held |= Q(pk__in=[m.pk for m in group], lease_token=token)
     return set(
-        Message.objects.using(alias())
+        Message.objects.using(conf.database_alias())
         .filter(held, status=Status.PROCESSING)
         .values_list("pk", flat=True)
     )
@@ -679,7 +675,7 @@ def ack_leased(messages, async_commit=False, skip_locked=False):
     moment later than roll back its work)."""
     if not messages:
         return set()  # (no statement: an empty condition is not SQL)
-    connection = connections[alias()]
+    connection = connections[conf.database_alias()]
     sql, params = _ack_statement(connection, messages, skip_locked)
     if async_commit:
         sql = ASYNC_COMMIT_SQL + sql
@@ -715,7 +711,7 @@ def retry_later(message, delay, category, error, now=None):
     """
     now_value = now or Now()
     with worker_transaction():
-        updated = _leased(message, alias()).update(
+        updated = _leased(message, conf.database_alias()).update(
             status=Status.WAITING,
             run_at=now_value + datetime.timedelta(seconds=delay),
             lease_token=None,
@@ -734,7 +730,7 @@ def retry_later(message, delay, category, error, now=None):
 def release(messages):
     """Hand leased messages back without counting the attempt (graceful
     shutdown). Returns how many were still held."""
-    using = alias()
+    using = conf.database_alias()
     released = 0
     with worker_transaction(using):
         for token, batch in _by_token(messages).items():
@@ -758,7 +754,7 @@ def run_now(messages, now=None):
     later become due ``now``. One UPDATE guarded by ``status = 'waiting'``;
     leased and already due messages are left alone. Returns how many changed.
     """
-    using = alias()
+    using = conf.database_alias()
     if isinstance(messages, QuerySet):
         selected = messages.using(using).values("pk")
     else:
@@ -787,7 +783,7 @@ def extend_leases(messages, lease_seconds, now=None):
     Rows another transaction has locked are skipped (SKIP LOCKED), not
     waited for: one locked row must not keep the other leases from being
     extended. They stay leased and are extended on the next beat."""
-    using = alias()
+    using = conf.database_alias()
     lost = set()
     with worker_transaction(using):
         for token, batch in _by_token(messages).items():
@@ -823,7 +819,7 @@ def dead_letter(
     Returns the DeadLetter, or None when the guard matched nothing. The
     ``dead_lettered`` signal is sent after the commit.
     """
-    using = alias()
+    using = conf.database_alias()
     now = now or timezone.now()
     with worker_transaction(using):
         # The payload and headers are copied in the server, never loaded
@@ -906,7 +902,7 @@ def rescue_expired(now=None, limit=1000):
     (a dead-lettered one sends ``dead_lettered``): a lost run is an attempt,
     and every receiver sees it.
     """
-    using = alias()
+    using = conf.database_alias()
     now_value = now or Now()
     expired_lease = (
         Q(lease_expires_at__lt=now_value)
@@ -1009,7 +1005,7 @@ def _lost_reason(message, beats):
 
 def try_maintenance_lock():
     """Inside a transaction: take the maintenance lock if no one holds it."""
-    with connections[alias()].cursor() as cursor:
+    with connections[conf.database_alias()].cursor() as cursor:
         cursor.execute(MAINTENANCE_LOCK_SQL, [MAINTENANCE_LOCK_KEY])
         return cursor.fetchone()[0]
 
@@ -1038,7 +1034,7 @@ class Probe:
 def probe(queues, beat=None):
     """What an idle worker needs to know, in one query (see PROBE_SQL); with
     ``beat`` (a Beat), the same statement records the worker's heartbeat."""
-    connection = connections[alias()]
+    connection = connections[conf.database_alias()]
     quote = connection.ops.quote_name
     sql = PROBE_SQL.format(
         table=quote(Message._meta.db_table), releases=quote(GroupRelease._meta.db_table)
@@ -1087,7 +1083,7 @@ def _heartbeat_sql(connection):
 
 def heartbeat(beat):
     """Record that the worker ``beat`` describes is alive, in one statement."""
-    connection = connections[alias()]
+    connection = connections[conf.database_alias()]
     sql, params, _skip = _with_limits(_heartbeat_sql(connection), beat.params())
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
@@ -1096,7 +1092,7 @@ def heartbeat(beat):
 def unregister(worker_id):
     """Remove a stopping worker's row: it is gone, not dead."""
     with worker_transaction():
-        WorkerHeartbeat.objects.using(alias()).filter(worker_id=worker_id).delete()
+        WorkerHeartbeat.objects.using(conf.database_alias()).filter(worker_id=worker_id).delete()
 
 
 def _by_token(messages):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from django.db.models.functions import Now
 
-from django_pgqueue import lifecycle, streams
+from django_pgqueue import conf, lifecycle, streams
 from django_pgqueue.models import WorkerHeartbeat
 
 logger = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ def run_once(now=None, rescue_limit=1000):
         began = time.time()
         rescue = lifecycle.rescue_expired(now=now, limit=rescue_limit)
         pruned, _ = (
-            WorkerHeartbeat.objects.using(lifecycle.alias())
+            WorkerHeartbeat.objects.using(conf.database_alias())
             .filter(expires_at__lt=(now or Now()) - DEAD_WORKER_RETENTION)
             .delete()
         )

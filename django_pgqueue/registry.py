@@ -55,7 +55,7 @@ def handler(
     problem = conf.name_problem("topic", topic, conf.TOPIC_MAX_LENGTH)
     if problem:
         raise ValueError(f"@handler: {problem}")
-    if max_attempts is not None and not (_is_int(max_attempts) and max_attempts >= 1):
+    if max_attempts is not None and not (conf.is_int(max_attempts) and max_attempts >= 1):
         raise ValueError(f"@handler({topic!r}): max_attempts must be at least 1")
     where = f"@handler({topic!r})"
     timeout = _seconds(where, "timeout", timeout)
@@ -135,7 +135,3 @@ def _seconds(where, option, value):
     if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value < 1e9:
         raise ValueError(f"{where}: {option} must be a positive number of seconds")
     return float(value)
-
-
-def _is_int(value):
-    return isinstance(value, int) and not isinstance(value, bool)

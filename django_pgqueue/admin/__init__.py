@@ -51,10 +51,6 @@ LOG_CHUNK = 1000  # LogEntry rows written per INSERT
 EXAMPLES = 10  # rows named on an intermediate page
 
 
-def _alias():
-    return conf.get("DATABASE")
-
-
 def _pretty_json(value):
     """``value`` as indented JSON in a <pre>, escaped."""
     text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, cls=DjangoJSONEncoder)
@@ -162,7 +158,7 @@ class QueueAdminMixin(NulFreeLookupsMixin):
     lifecycle and maintenance)."""
 
     def get_queryset(self, request):
-        return super().get_queryset(request).using(_alias())
+        return super().get_queryset(request).using(conf.database_alias())
 
     def has_add_permission(self, request):
         return False
@@ -415,7 +411,7 @@ class DeadLetterAdmin(QueueAdminMixin, admin.ModelAdmin):
         # Only the payload, and only while the dead letter is new: a revive
         # or resolve that committed meanwhile is not overwritten.
         updated = (
-            DeadLetter.objects.using(_alias())
+            DeadLetter.objects.using(conf.database_alias())
             .filter(pk=obj.pk, state=DeadLetterState.NEW)
             .update(payload=obj.payload)
         )
@@ -652,7 +648,7 @@ class WorkerHeartbeatAdmin(NulFreeLookupsMixin, admin.ModelAdmin):
         return (
             super()
             .get_queryset(request)
-            .using(_alias())
+            .using(conf.database_alias())
             .annotate(is_alive=ExpressionWrapper(Q(expires_at__gt=Now()), BooleanField()))
         )
 

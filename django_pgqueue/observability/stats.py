@@ -14,14 +14,10 @@ from django_pgqueue import conf
 from django_pgqueue.models import DeadLetter, Message, Status, WorkerHeartbeat
 
 
-def _alias():
-    return conf.get("DATABASE")
-
-
 def dead_letters_by_topic_and_category(state=None):
     """``[(topic, category, count), ...]`` of the dead letters, by topic then
     category; only those in ``state`` (a DeadLetterState) when given."""
-    rows = DeadLetter.objects.using(_alias())
+    rows = DeadLetter.objects.using(conf.database_alias())
     if state is not None:
         rows = rows.filter(state=state)
     return [
@@ -37,7 +33,7 @@ def queue_depth_by_status():
     (waiting, delayed or not, and processing), by queue then status."""
     return [
         (row["queue"], row["status"], row["count"])
-        for row in Message.objects.using(_alias())
+        for row in Message.objects.using(conf.database_alias())
         .values("queue", "status")
         .annotate(count=Count("id"))
         .order_by("queue", "status")
@@ -52,7 +48,7 @@ def oldest_ready_age(now=None):
     not its creation: waiting for its time is not lag.)"""
     now = now or timezone.now()
     rows = (
-        Message.objects.using(_alias())
+        Message.objects.using(conf.database_alias())
         .filter(status=Status.WAITING, run_at__lte=now)
         .values("queue")
         .annotate(oldest=Min("run_at"))
@@ -80,7 +76,7 @@ def messages_by_queue_topic_state(now=None):
         default=Value(DELAYED),
     )
     rows = (
-        Message.objects.using(_alias())
+        Message.objects.using(conf.database_alias())
         .annotate(state=state)
         .values("queue", "topic", "state")
         .annotate(count=Count("id"))
@@ -92,7 +88,7 @@ def messages_by_queue_topic_state(now=None):
 def dead_letters_by_topic_category_state(queues=None):
     """``[(topic, category, state, count), ...]`` of the dead letters, sorted;
     only those of ``queues`` when given."""
-    rows = DeadLetter.objects.using(_alias())
+    rows = DeadLetter.objects.using(conf.database_alias())
     if queues is not None:
         rows = rows.filter(queue__in=queues)
     rows = (
@@ -106,7 +102,7 @@ def dead_letters_by_topic_category_state(queues=None):
 def workers():
     """The worker table's rows, each with ``alive`` (its heartbeat is fresh
     by the database's clock) and ``heartbeat_age`` (seconds), newest first."""
-    rows = WorkerHeartbeat.objects.using(_alias()).annotate(
+    rows = WorkerHeartbeat.objects.using(conf.database_alias()).annotate(
         alive=ExpressionWrapper(Q(expires_at__gt=Now()), output_field=BooleanField()),
         now=Now(),
     )
@@ -138,5 +134,8 @@ def subscriptions_with_lag():
     from django_pgqueue.models import Subscription
 
     return list(
-        Subscription.objects.using(_alias()).with_lag().annotate(now=Now()).order_by("name")
+        Subscription.objects.using(conf.database_alias())
+        .with_lag()
+        .annotate(now=Now())
+        .order_by("name")
     )

@@ -142,7 +142,7 @@ class BrokenTransaction(Exception):
 
 
 def _sql(template):
-    ops = connections[subscriptions.alias()].ops
+    ops = connections[conf.database_alias()].ops
     return template.format(
         subs=ops.quote_name(Subscription._meta.db_table),
         events=ops.quote_name(StreamEvent._meta.db_table),
@@ -154,7 +154,7 @@ def _sql(template):
 
 def probe(ids):
     """One Probe per existing subscription among ``ids``."""
-    with connections[subscriptions.alias()].cursor() as cursor:
+    with connections[conf.database_alias()].cursor() as cursor:
         cursor.execute(_sql(PROBE_SQL), [list(ids)])
         return [Probe(*row) for row in cursor.fetchall()]
 
@@ -168,7 +168,7 @@ def deliver(spec, subscription_id=None, worker="", now=None, watch=None):
     in for the database's clock. ``watch(event)``: a context manager around
     each call of the subscriber (the worker's health check times them).
     """
-    using = subscriptions.alias()
+    using = conf.database_alias()
     if connections[using].in_atomic_block:
         # Inside a caller's transaction the delivery would be a savepoint,
         # and the caller's own transaction id would hold the events back.
@@ -215,7 +215,7 @@ def deliver(spec, subscription_id=None, worker="", now=None, watch=None):
 
 
 def _run(spec, batch, events, attempts, failing, watch=None):
-    connection = connections[subscriptions.alias()]
+    connection = connections[conf.database_alias()]
     deadline, more = time.monotonic() + BATCH_SECONDS, len(events) >= spec.batch_size
     for row in events:
         if batch.done and time.monotonic() > deadline:
@@ -223,7 +223,7 @@ def _run(spec, batch, events, attempts, failing, watch=None):
             break
         event, problem = _event(spec, row, attempts + 1 if row[0] == failing else 1)
         try:
-            with transaction.atomic(using=subscriptions.alias()):  # this event's savepoint
+            with transaction.atomic(using=conf.database_alias()):  # this event's savepoint
                 if problem:
                     raise Permanent(problem)
                 with watch(event) if watch is not None else contextlib.nullcontext():

@@ -15,7 +15,7 @@ from django.utils.module_loading import autodiscover_modules
 from django_pgqueue import conf
 from django_pgqueue.exceptions import DuplicateSubscriber
 from django_pgqueue.models.streams import STREAM_NAME_MAX_LENGTH, SUBSCRIPTION_NAME_MAX_LENGTH
-from django_pgqueue.registry import _is_int, _location, _seconds
+from django_pgqueue.registry import _location, _seconds
 
 BLOCK, DEAD_LETTER = "block", "dead_letter"
 ON_FAILURE = (BLOCK, DEAD_LETTER)
@@ -82,7 +82,7 @@ def subscriber(
     problem = conf.name_problem("subscription name", name, SUBSCRIPTION_NAME_MAX_LENGTH)
     if problem:
         raise ValueError(f"@subscriber({stream!r}): {problem}")
-    if max_attempts is not None and not (_is_int(max_attempts) and max_attempts >= 1):
+    if max_attempts is not None and not (conf.is_int(max_attempts) and max_attempts >= 1):
         raise ValueError(f"{where}: max_attempts must be at least 1")
     backoff_base = _seconds(where, "backoff_base", backoff_base)
     backoff_cap = _seconds(where, "backoff_cap", backoff_cap)
@@ -94,7 +94,7 @@ def subscriber(
         )
     if start not in STARTS:
         raise ValueError(f"{where}: start must be 'beginning' or 'end', not {start!r}")
-    if not (_is_int(batch_size) and 1 <= batch_size <= BATCH_SIZE_MAX):
+    if not (conf.is_int(batch_size) and 1 <= batch_size <= BATCH_SIZE_MAX):
         raise ValueError(f"{where}: batch_size must be a whole number from 1 to {BATCH_SIZE_MAX}")
 
     def decorate(func):

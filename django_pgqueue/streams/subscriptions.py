@@ -77,12 +77,8 @@ class Moved(Exception):
     that expected them: roll it back."""
 
 
-def alias():
-    return conf.get("DATABASE")
-
-
 def _table(model):
-    return connections[alias()].ops.quote_name(model._meta.db_table)
+    return connections[conf.database_alias()].ops.quote_name(model._meta.db_table)
 
 
 @dataclass
@@ -117,7 +113,7 @@ def ensure(specs):
     """Create the rows of ``specs`` that do not exist yet; return ``{name: id}``
     of those whose row follows the spec's stream. A row of another stream
     (the subscriber was moved to another stream) is logged and left out."""
-    using = alias()
+    using = conf.database_alias()
     rows = Subscription.objects.using(using)
     by_name = {spec.name: spec for spec in specs}
     existing = set(rows.filter(name__in=by_name).values_list("name", flat=True))
@@ -152,7 +148,7 @@ def ensure(specs):
 def head(stream):
     """The (xid, position) of ``stream``'s last event whose transaction has
     ended, or (0, 0)."""
-    with connections[alias()].cursor() as cursor:
+    with connections[conf.database_alias()].cursor() as cursor:
         cursor.execute(HEAD_SQL.format(events=_table(StreamEvent)), [stream])
         row = cursor.fetchone()
     return (int(row[0]), row[1]) if row else (0, 0)
@@ -161,7 +157,7 @@ def head(stream):
 def try_lock(subscription_id):
     """Inside a transaction: take the subscription's lock unless another
     transaction holds it."""
-    with connections[alias()].cursor() as cursor:
+    with connections[conf.database_alias()].cursor() as cursor:
         cursor.execute(TRY_LOCK_SQL, [LOCK_KEY, subscription_id])
         return cursor.fetchone()[0]
 
@@ -204,7 +200,7 @@ def dead_letter_event(batch, position, attempts, category, reason, traceback="")
     headers are the event's plus the subscription's name, the position and
     the key. Reviving it enqueues a message of topic <stream>: a handler for
     that topic can redo the work."""
-    using = alias()
+    using = conf.database_alias()
     event = StreamEvent.objects.using(using).only("xid", "stream").get(pk=position)
     now = batch.now or timezone.now()
     dead = DeadLetter.objects.using(using).create(
@@ -255,9 +251,9 @@ def _save(batch, **fields):
     clock = batch.now or Now()
     if batch.done:
         fields.update(delivered=F("delivered") + batch.done, delivered_at=clock)
-    lifecycle.set_limits(alias())  # after the subscriber: its queries never get them
+    lifecycle.set_limits(conf.database_alias())  # after the subscriber: its queries never get them
     changed = (
-        Subscription.objects.using(alias())
+        Subscription.objects.using(conf.database_alias())
         .filter(pk=batch.id, checkpoint_xid=batch.xid, checkpoint_position=batch.position)
         .filter(state=batch.state)
         .update(checkpoint_xid=xid, checkpoint_position=position, updated_at=clock, **fields)
@@ -303,7 +299,9 @@ def reset(subscriptions, position):
         )
     names = _names(subscriptions)
     streams = dict(
-        Subscription.objects.using(alias()).filter(name__in=names).values_list("name", "stream")
+        Subscription.objects.using(conf.database_alias())
+        .filter(name__in=names)
+        .values_list("name", "stream")
     )
     for stream in set(streams.values()):
         checkpoint_for(stream, position)  # every one, before the first change
@@ -325,7 +323,7 @@ def checkpoint_for(stream, position):
         return head(stream)
     if position == 0:
         return (0, 0)
-    events = StreamEvent.objects.using(alias()).filter(stream=stream)
+    events = StreamEvent.objects.using(conf.database_alias()).filter(stream=stream)
     xid = events.filter(pk=position).values_list("xid", flat=True).first()
     if xid is None:
         stored = events.order_by("pk").values_list("pk", flat=True)
@@ -346,7 +344,7 @@ def dead_letter_blocked(subscriptions, category, by=""):
                       row.state, worker=by)  # fmt: skip
         reason = f"{row.last_error or 'blocked'}\n(moved to the dead letters by {by or 'hand'})"
         dead_letter_event(batch, row.failing_position, row.attempts, category, reason)
-        transaction.on_commit(lambda: committed.extend(batch.signals), using=alias())
+        transaction.on_commit(lambda: committed.extend(batch.signals), using=conf.database_alias())
 
     moved = _each(
         subscriptions,
@@ -364,7 +362,7 @@ def _each(subscriptions, wanted, change):
     how many changed."""
     changed = 0
     for name in _names(subscriptions):
-        with transaction.atomic(using=alias()):
+        with transaction.atomic(using=conf.database_alias()):
             row = _locked(name)
             if wanted(row):
                 change(row)
@@ -382,7 +380,7 @@ def _names(subscriptions):
 
 def _locked(name):
     """The subscription's row, read once its lock is held (in a transaction)."""
-    using = alias()
+    using = conf.database_alias()
     lifecycle.set_limits(using)
     rows = Subscription.objects.using(using)
     pk = rows.filter(name=name).values_list("pk", flat=True).first()
@@ -402,7 +400,9 @@ def _locked(name):
 
 
 def _set(row, **fields):
-    Subscription.objects.using(alias()).filter(pk=row.pk).update(updated_at=Now(), **fields)
+    Subscription.objects.using(conf.database_alias()).filter(pk=row.pk).update(
+        updated_at=Now(), **fields
+    )
     logger.info(
         "Subscription %s: %s",
         row.name,

@@ -270,7 +270,7 @@ class StreamWorker:
         delay = RECONNECT_DELAY
         while not self._stop.is_set():
             try:
-                with listen_connection(subscriptions.alias()) as conn:
+                with listen_connection(conf.database_alias()) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
                     delay = RECONNECT_DELAY
                     self._wake.set()  # notifications missed while away are gone: poll

@@ -256,7 +256,7 @@ class Worker:
     # --- public ---------------------------------------------------------------
 
     def run(self, install_signals=False):
-        if connections[lifecycle.alias()].in_atomic_block:
+        if connections[conf.database_alias()].in_atomic_block:
             # Claims would become savepoints of the caller's transaction and
             # stay invisible to every other worker until it commits.
             raise RuntimeError("Worker.run() cannot be called inside a transaction")
@@ -533,7 +533,7 @@ class Worker:
                     category=Category.PERMANENT,
                 )
             elif spec.atomic:
-                with transaction.atomic(using=lifecycle.alias()):
+                with transaction.atomic(using=conf.database_alias()):
                     _call(spec, message)
                     if job.abandoned or not _ack_waiting_for_locks(message):
                         raise _LeaseLost
@@ -648,7 +648,7 @@ class Worker:
         other jobs (those that still hold their lease) run again one by one:
         their writes were rolled back, nothing happens twice.
         """
-        using = lifecycle.alias()
+        using = conf.database_alias()
         connection = connections[using]
         batch, succeeded, failed = [first], [], []
         after = None  # a job taken from the pool that cannot join the batch
@@ -1096,7 +1096,7 @@ class Worker:
         delay = RECONNECT_DELAY
         while not self._exit.is_set():
             try:
-                with listen_connection(lifecycle.alias()) as conn:
+                with listen_connection(conf.database_alias()) as conn:
                     conn.execute(f"LISTEN {CHANNEL}; LISTEN {GROUPS_CHANNEL}")
                     delay = RECONNECT_DELAY
                     self._notify()  # poll once: notifications missed while away are gone
