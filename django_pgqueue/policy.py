@@ -7,12 +7,16 @@ Order of classification: the CLASSIFIER callable, then CLASSIFY_RULES (first
 match wins), then the built-in rules below, then UNKNOWN.
 """
 
+from __future__ import annotations
+
 import datetime
 import json
 import random
 import re
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import InterfaceError, OperationalError
@@ -21,6 +25,10 @@ from django.utils.module_loading import import_string
 from django_pgqueue import conf
 from django_pgqueue.exceptions import HandlerTimeout, Permanent, Retry
 from django_pgqueue.models import Category
+
+if TYPE_CHECKING:
+    from django_pgqueue.models import Message
+    from django_pgqueue.registry import HandlerSpec
 
 # Built-in rules, most specific first. Decisions that depend on the meaning of
 # an application's own exceptions belong in CLASSIFY_RULES.
@@ -50,13 +58,43 @@ RETRY = "retry"
 DEAD_LETTER = "dead_letter"
 
 
+class Failed(Protocol):
+    """What failed, as the rules see it: a Message, or a stream's Event
+    (whose topic is its stream)."""
+
+    @property
+    def topic(self) -> str: ...
+
+    @property
+    def payload(self) -> Any: ...
+
+
+class Backoff(Protocol):
+    """A handler's or a subscriber's own backoff options (None: the setting's)."""
+
+    @property
+    def backoff_base(self) -> float | None: ...
+
+    @property
+    def backoff_cap(self) -> float | None: ...
+
+    @property
+    def backoff_jitter(self) -> bool | None: ...
+
+
+class Uniform(Protocol):
+    """A source of random numbers (the ``random`` module, a ``random.Random``)."""
+
+    def uniform(self, a: float, b: float) -> float: ...
+
+
 @dataclass(frozen=True)
 class Decision:
     action: str  # RETRY or DEAD_LETTER
-    delay: float | None = None  # seconds, for RETRY
+    delay: float = 0.0  # seconds, for RETRY
 
 
-def classify(exc, message=None):
+def classify(exc: BaseException, message: Failed | None = None) -> Category:
     """The Category of ``exc`` raised while handling ``message``."""
     classifier = conf.get("CLASSIFIER")
     if classifier is not None:
@@ -74,7 +112,7 @@ def classify(exc, message=None):
     return Category.UNKNOWN
 
 
-def _rule_matches(rule, exc, message):
+def _rule_matches(rule: Mapping[str, Any], exc: BaseException, message: Failed | None) -> bool:
     exception = rule.get("exception")
     if exception is not None:
         if isinstance(exception, str):
@@ -97,7 +135,9 @@ def _rule_matches(rule, exc, message):
     return True
 
 
-def retry_delay(attempt, base, cap, jitter=True, rng=random):
+def retry_delay(
+    attempt: int, base: float, cap: float, jitter: bool = True, rng: Uniform = random
+) -> float:
     """Seconds to wait after failed attempt number ``attempt`` (1-based).
 
     Exponential with a cap; with full jitter, uniform in [0, bound], which
@@ -108,7 +148,7 @@ def retry_delay(attempt, base, cap, jitter=True, rng=random):
     return rng.uniform(0, bound) if jitter else bound
 
 
-def max_attempts_for(message, spec):
+def max_attempts_for(message: Message, spec: HandlerSpec | None) -> int:
     """The attempt limit: the message's own, else its handler's, else the setting."""
     if message.max_attempts is not None:
         return message.max_attempts
@@ -117,7 +157,7 @@ def max_attempts_for(message, spec):
     return conf.get("MAX_ATTEMPTS")
 
 
-def dead_letter_blocks_group(message, spec):
+def dead_letter_blocks_group(message: Message, spec: HandlerSpec | None) -> bool:
     """Whether dead-lettering ``message`` keeps its group blocked: never for
     a message without a group; else its handler's choice, else the setting."""
     if message.group_key is None:
@@ -127,7 +167,14 @@ def dead_letter_blocks_group(message, spec):
     return conf.get("DEAD_LETTER_BLOCKS_GROUP")
 
 
-def decide(category, attempts, max_attempts, spec=None, retry_after=None, rng=random):
+def decide(
+    category: str,
+    attempts: int,
+    max_attempts: int,
+    spec: Backoff | None = None,
+    retry_after: float | datetime.timedelta | None = None,
+    rng: Uniform = random,
+) -> Decision:
     """Retry (with a delay) or dead-letter, for a failure of ``category`` after
     ``attempts`` attempts out of ``max_attempts``."""
     if category in (Category.PERMANENT, Category.BUSINESS):
@@ -146,6 +193,6 @@ def decide(category, attempts, max_attempts, spec=None, retry_after=None, rng=ra
     return Decision(RETRY, retry_delay(attempts, base, cap, jitter, rng))
 
 
-def _option(spec, attribute, setting):
+def _option(spec: Backoff | None, attribute: str, setting: str) -> Any:
     value = getattr(spec, attribute, None) if spec is not None else None
     return conf.get(setting) if value is None else value

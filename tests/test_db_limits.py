@@ -16,7 +16,7 @@ from django.db import OperationalError, connection
 from django.test import override_settings
 
 from django_pgqueue import checks as pgqueue_checks
-from django_pgqueue import conf, enqueue, enqueue_many, lifecycle, registry
+from django_pgqueue import conf, enqueue, enqueue_many, lifecycle, registry, sql
 from django_pgqueue.models import DeadLetter, Message, Status
 
 from .conftest import database_url, raw_connection, running_worker, wait_until
@@ -48,11 +48,11 @@ def test_timeouts_reject_what_postgresql_cannot_take(key, value):
 
 def test_defaults_and_how_postgresql_gets_them():
     assert (conf.get("LOCK_TIMEOUT"), conf.get("STATEMENT_TIMEOUT")) == (5.0, 60.0)
-    assert lifecycle.limits() == ["5000ms", "60000ms"]
+    assert sql.limits() == ["5000ms", "60000ms"]
     with override_settings(PGQUEUE={"LOCK_TIMEOUT": 0.0015, "STATEMENT_TIMEOUT": None}):
-        assert lifecycle.limits() == ["2ms", None]
+        assert sql.limits() == ["2ms", None]
     with override_settings(PGQUEUE={"LOCK_TIMEOUT": None, "STATEMENT_TIMEOUT": None}):
-        assert lifecycle.limits() is None
+        assert sql.limits() is None
 
 
 def test_a_lock_timeout_not_below_the_statement_timeout_is_a_warning():

@@ -10,16 +10,20 @@ import pytest
 from demo.models import Handled
 from django.db import IntegrityError, connection, transaction
 
-from django_pgqueue import enqueue, enqueue_many, lifecycle
+from django_pgqueue import enqueue, enqueue_many, lifecycle, liveness
+from django_pgqueue.groups import promote_groups
 from django_pgqueue.models import Category, DeadLetter, GroupRelease, Message, Status
+from django_pgqueue.sql import claim_statement
 
+from .claiming import ack_many
+from .claiming import claim as claim_messages
 from .conftest import raw_connection, running_worker, wait_until
 
 WORKER = "test-worker"
 
 
 def claim(limit=100, queues=("default",)):
-    return lifecycle.claim(list(queues), limit, WORKER, 60)
+    return claim_messages(list(queues), limit, WORKER, 60)
 
 
 def statuses(messages):
@@ -37,10 +41,10 @@ def test_grouped_messages_arrive_blocked_and_promotion_makes_the_oldest_the_head
     assert GroupRelease.objects.filter(group_key="order-1").count() == 3
     assert claim() == [], "a blocked message was claimed"
 
-    assert lifecycle.promote_groups() == 0
+    assert promote_groups() == 0
     assert statuses([first, second, third]) == [Status.WAITING, Status.BLOCKED, Status.BLOCKED]
     assert not GroupRelease.objects.exists(), "the releases were not consumed"
-    assert lifecycle.promote_groups() == 0  # nothing to do: nothing changes
+    assert promote_groups() == 0  # nothing to do: nothing changes
     assert statuses([first, second, third]) == [Status.WAITING, Status.BLOCKED, Status.BLOCKED]
 
 
@@ -61,7 +65,7 @@ def test_each_group_runs_its_messages_one_at_a_time_in_enqueue_order():
         keys = [m.group_key for m in claimed if m.group_key]
         assert len(keys) == len(set(keys)), f"two messages of a group claimed together: {keys}"
         handled += [m.pk for m in claimed]
-        lifecycle.ack_many(claimed)
+        ack_many(claimed)
     for messages in grouped.values():
         order = [pk for pk in handled if pk in {m.pk for m in messages}]
         assert order == [m.pk for m in messages]
@@ -74,10 +78,10 @@ def test_each_group_runs_its_messages_one_at_a_time_in_enqueue_order():
 @pytest.mark.django_db
 def test_a_failing_message_blocks_its_group_while_it_waits_for_its_retry():
     first, second = (enqueue("test.record", {"n": n}, group_key="g") for n in range(2))
-    lifecycle.promote_groups()
+    promote_groups()
     (claimed,) = claim()
     assert lifecycle.retry_later(claimed, 0, Category.TRANSIENT, "boom")
-    lifecycle.promote_groups()
+    promote_groups()
     assert statuses([first, second]) == [Status.WAITING, Status.BLOCKED]
     (again,) = claim()
     assert again.pk == first.pk and again.attempts == 2, "the retry must come before the rest"
@@ -86,11 +90,11 @@ def test_a_failing_message_blocks_its_group_while_it_waits_for_its_retry():
 @pytest.mark.django_db
 def test_a_dead_letter_releases_its_group_by_default():
     first, second = (enqueue("test.record", {"n": n}, group_key="g") for n in range(2))
-    lifecycle.promote_groups()
+    promote_groups()
     (claimed,) = claim()
     dead = lifecycle.dead_letter(claimed, Category.PERMANENT, "bad")
     assert dead.group_key == "g" and not dead.holds_group
-    lifecycle.promote_groups()
+    promote_groups()
     assert statuses([second]) == [Status.WAITING]
 
 
@@ -98,14 +102,14 @@ def test_a_dead_letter_releases_its_group_by_default():
 def test_a_dead_letter_that_blocks_its_group_holds_it_until_revived_and_then_runs_first(settings):
     settings.PGQUEUE = {"DEAD_LETTER_BLOCKS_GROUP": True}
     first, second = (enqueue("test.record", {"n": n}, group_key="g") for n in range(2))
-    lifecycle.promote_groups()
+    promote_groups()
     (claimed,) = claim()
     dead = lifecycle.dead_letter(claimed, Category.PERMANENT, "bad")
     assert dead.holds_group
-    lifecycle.promote_groups()
+    promote_groups()
     assert statuses([second]) == [Status.BLOCKED], "the group went on past its dead letter"
     later = enqueue("test.record", {"n": 2}, group_key="g")
-    lifecycle.promote_groups()
+    promote_groups()
     assert statuses([second, later]) == [Status.BLOCKED, Status.BLOCKED]
 
     from django_pgqueue import revive
@@ -115,13 +119,13 @@ def test_a_dead_letter_that_blocks_its_group_holds_it_until_revived_and_then_run
     assert not dead.holds_group
     revived = Message.objects.get(pk=dead.revived_message_id)
     assert revived.status == Status.WAITING, "the revived message must lead its group"
-    lifecycle.promote_groups()
+    promote_groups()
     assert statuses([second, later]) == [Status.BLOCKED, Status.BLOCKED]
     order = []
     while claimed := claim():
         order += [m.pk for m in claimed]
-        lifecycle.ack_many(claimed)
-        lifecycle.promote_groups()
+        ack_many(claimed)
+        promote_groups()
     assert order == [revived.pk, second.pk, later.pk]
 
 
@@ -133,18 +137,18 @@ def test_resolving_or_deleting_the_dead_letter_that_holds_a_group_releases_it(se
     for how in ("resolve", "delete"):
         key = f"g-{how}"
         first, second = (enqueue("test.record", {"n": n}, group_key=key) for n in range(2))
-        lifecycle.promote_groups()
+        promote_groups()
         (claimed,) = claim()
         dead = lifecycle.dead_letter(claimed, Category.BUSINESS, "refused")
-        lifecycle.promote_groups()
+        promote_groups()
         assert statuses([second]) == [Status.BLOCKED]
         if how == "resolve":
             assert resolve(DeadLetter.objects.filter(pk=dead.pk), note="handled by hand").done == 1
         else:
             dead.delete()
-        lifecycle.promote_groups()
+        promote_groups()
         assert statuses([second]) == [Status.WAITING], how
-        lifecycle.ack_many(claim())
+        ack_many(claim())
 
 
 @pytest.mark.django_db
@@ -169,10 +173,10 @@ def test_the_handler_option_is_validated():
 @pytest.mark.django_db
 def test_deleting_a_head_by_hand_releases_its_group():
     first, second = (enqueue("test.record", {"n": n}, group_key="g") for n in range(2))
-    lifecycle.promote_groups()
+    promote_groups()
     with connection.cursor() as cursor:  # another program's SQL, or the admin
         cursor.execute("DELETE FROM django_pgqueue_message WHERE id = %s", [first.pk])
-    lifecycle.promote_groups()
+    promote_groups()
     assert statuses([second]) == [Status.WAITING]
 
 
@@ -184,7 +188,7 @@ def test_raw_sql_inserts_are_grouped_too_and_the_database_refuses_a_second_head(
             " VALUES ('test.record', '{}', 'raw'), ('test.record', '{}', 'raw') RETURNING id"
         )
         first, second = sorted(row[0] for row in cursor.fetchall())
-    lifecycle.promote_groups()
+    promote_groups()
     assert dict(Message.objects.values_list("pk", "status")) == {
         first: Status.WAITING,
         second: Status.BLOCKED,
@@ -206,20 +210,20 @@ def test_dedup_keys_cover_blocked_messages():
 
 @pytest.mark.django_db
 def test_the_probe_reports_released_groups():
-    assert not lifecycle.probe(["default"]).groups_released
+    assert not liveness.probe(["default"]).groups_released
     enqueue("test.record", {}, group_key="g")
-    assert lifecycle.probe(["default"]).groups_released
-    lifecycle.promote_groups()
-    found = lifecycle.probe(["default"])
+    assert liveness.probe(["default"]).groups_released
+    promote_groups()
+    found = liveness.probe(["default"])
     assert not found.groups_released and found.ready
 
 
 @pytest.mark.django_db
 def test_promotion_takes_a_bounded_number_of_releases_per_call():
     enqueue_many([{"payload": {}, "group_key": f"g{n}"} for n in range(30)], topic="test.record")
-    assert lifecycle.promote_groups(limit=10) == 1, "more releases are left: say so"
+    assert promote_groups(limit=10) == 1, "more releases are left: say so"
     assert Message.objects.filter(status=Status.WAITING).count() == 10
-    while lifecycle.promote_groups(limit=10):
+    while promote_groups(limit=10):
         pass
     assert Message.objects.filter(status=Status.WAITING).count() == 30
 
@@ -271,7 +275,7 @@ def test_concurrent_promoters_never_make_two_heads():
         for thread in threads:
             thread.join(timeout=30)
     assert not errors, errors[:3]
-    while lifecycle.promote_groups():
+    while promote_groups():
         pass
     heads = collections.Counter(
         Message.objects.filter(status=Status.WAITING).values_list("group_key", flat=True)
@@ -286,10 +290,10 @@ def test_the_claim_plan_does_not_read_blocked_messages():
     enqueue_many(
         [{"payload": {}, "group_key": f"g{n % 10}"} for n in range(2000)], topic="test.record"
     )
-    lifecycle.promote_groups()
+    promote_groups()
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE django_pgqueue_message")
-        sql, params = lifecycle.claim_statement("default", "default", 100, WORKER)
+        sql, params = claim_statement("default", "default", 100, WORKER)
         cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
         plan = cursor.fetchone()[0][0]
     text = repr(plan)
@@ -375,7 +379,7 @@ def test_status_and_metrics_count_blocked_messages_as_their_own_state():
     from django_pgqueue.observability import stats
 
     enqueue_many([{"payload": {}, "group_key": "g"} for _ in range(3)], topic="test.record")
-    lifecycle.promote_groups()
+    promote_groups()
     counts = {state: n for _, _, state, n in stats.messages_by_queue_topic_state()}
     assert counts == {stats.READY: 1, stats.BLOCKED: 2}
 
@@ -444,7 +448,7 @@ def test_a_release_left_behind_is_promoted_by_a_polling_worker(start_worker):
     """A head's acknowledgement committed, its worker died before promoting:
     the release row is there, nobody is notified. A worker's poll finds it."""
     messages = [enqueue("test.group", {"n": n}, group_key="g") for n in range(2)]
-    lifecycle.promote_groups()
+    promote_groups()
     with connection.cursor() as cursor:  # the head finished; its release is committed
         cursor.execute("DELETE FROM django_pgqueue_message WHERE id = %s", [messages[0].pk])
     assert GroupRelease.objects.count() == 1

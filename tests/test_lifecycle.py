@@ -15,10 +15,12 @@ from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_pgqueue import lifecycle, maintenance
+from django_pgqueue import lifecycle, liveness, maintenance
 from django_pgqueue.models import Category, DeadLetter, Message, Status
 from django_pgqueue.signals import dead_lettered, message_retried
+from django_pgqueue.sql import ack_statement, claim_statement, ids_by_token
 
+from .claiming import ack_and_claim, ack_many, claim
 from .conftest import raw_connection
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -44,7 +46,7 @@ def test_claim_takes_ready_messages_in_priority_then_run_at_then_id_order(make_m
     make_message(priority=9, status=Status.PROCESSING)  # leased already
     make_message(priority=9, status=Status.DONE)
 
-    claimed = lifecycle.claim(["default"], 10, "w1", 30, now=NOW)
+    claimed = claim(["default"], 10, "w1", 30, now=NOW)
     assert [m.pk for m in claimed] == [high.pk, low_old.pk, low_new_a.pk, low_new_b.pk]
 
 
@@ -53,15 +55,15 @@ def test_claim_serves_several_queues_in_the_order_given(make_message):
     b1 = make_message(queue="b", priority=9, run_at=NOW - 9 * SECOND)
     a2 = make_message(queue="a", priority=1, run_at=NOW - SECOND)
     c1 = make_message(queue="c")
-    assert [m.pk for m in lifecycle.claim(["a", "b"], 3, "w", 30, now=NOW)] == [a2.pk, a1.pk, b1.pk]
-    assert lifecycle.claim(["a", "b"], 3, "w", 30, now=NOW) == []
+    assert [m.pk for m in claim(["a", "b"], 3, "w", 30, now=NOW)] == [a2.pk, a1.pk, b1.pk]
+    assert claim(["a", "b"], 3, "w", 30, now=NOW) == []
     assert Message.objects.get(pk=c1.pk).status == Status.WAITING
 
 
 def test_claim_sets_the_lease_counts_the_attempt_and_respects_the_limit(make_message):
     for _ in range(5):
         make_message(run_at=NOW - SECOND, attempts=2)
-    claimed = lifecycle.claim(["default"], 3, "worker-7", 30, now=NOW)
+    claimed = claim(["default"], 3, "worker-7", 30, now=NOW)
     assert len(claimed) == 3
     tokens = {m.lease_token for m in claimed}
     assert len(tokens) == 1 and None not in tokens, "one fresh token for the batch"
@@ -79,7 +81,7 @@ def test_the_claim_is_one_prepared_statement_and_leaves_a_callers_commit_durable
     for _ in range(9):
         make_message(run_at=NOW - SECOND)
     for _ in range(6):  # past psycopg's prepare_threshold (the testproject's 5)
-        assert len(lifecycle.claim(["default"], 1, "w", 60)) == 1
+        assert len(claim(["default"], 1, "w", 60)) == 1
     with connections["default"].cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%UPDATE%'"
@@ -87,14 +89,14 @@ def test_the_claim_is_one_prepared_statement_and_leaves_a_callers_commit_durable
         assert cursor.fetchone()[0] >= 1
     # Inside a caller's transaction the claim does not make its commit asynchronous.
     with transaction.atomic(), connections["default"].cursor() as cursor:
-        assert len(lifecycle.claim(["default"], 1, "w", 60)) == 1
+        assert len(claim(["default"], 1, "w", 60)) == 1
         cursor.execute("SHOW synchronous_commit")
         assert cursor.fetchone()[0] == "on"
     # The worker's own (autocommit) claim sets it for its transaction alone.
     with CaptureQueriesContext(connections["default"]) as queries:
-        assert len(lifecycle.claim(["default"], 1, "w", 60)) == 1
+        assert len(claim(["default"], 1, "w", 60)) == 1
     assert "set_config('synchronous_commit', 'off', true)" in queries.captured_queries[-1]["sql"]
-    sql, params = lifecycle.claim_statement("default", "default", 1, "w", async_commit=True)
+    sql, params = claim_statement("default", "default", 1, "w", async_commit=True)
     params[1] = uuid.uuid4()
     with transaction.atomic(), connections["default"].cursor() as cursor:
         cursor.execute(sql, params)
@@ -109,7 +111,7 @@ def test_claim_skips_rows_locked_by_another_transaction(make_message):
     free = make_message(run_at=NOW - SECOND)
     with raw_connection() as other:  # a claim in progress elsewhere
         other.execute("SELECT 1 FROM django_pgqueue_message WHERE id = %s FOR UPDATE", [locked.pk])
-        claimed = lifecycle.claim(["default"], 10, "w", 30, now=NOW)
+        claimed = claim(["default"], 10, "w", 30, now=NOW)
         assert [m.pk for m in claimed] == [free.pk], "did not skip the locked row"
     assert reread(locked).status == Status.WAITING
 
@@ -121,7 +123,7 @@ def test_concurrent_claims_never_take_the_same_message(make_message):
 
     def claim_all():
         try:
-            while batch := lifecycle.claim(["default"], 7, threading.current_thread().name, 30):
+            while batch := claim(["default"], 7, threading.current_thread().name, 30):
                 results.extend(m.pk for m in batch)
         finally:
             connections.close_all()
@@ -161,7 +163,7 @@ def test_claims_racing_updates_of_waiting_rows_take_each_message_once(make_messa
         try:
             deadline = time.monotonic() + 60
             while Message.objects.exists() and time.monotonic() < deadline:
-                batch = lifecycle.claim(["default"], 7, threading.current_thread().name, 30)
+                batch = claim(["default"], 7, threading.current_thread().name, 30)
                 claimed.extend(m.pk for m in batch)
                 # (waits for a row the updater has locked for a moment)
                 assert lifecycle.ack_leased(batch) == {m.pk for m in batch}
@@ -196,9 +198,7 @@ def test_claim_finds_the_picked_rows_by_address_not_through_the_primary_key(make
         )
         cursor.execute("ANALYZE django_pgqueue_message")
     for limit, few_ready in ((100, False), (4, True)):
-        sql, params = lifecycle.claim_statement(
-            "default", "default", limit, "w", few_ready=few_ready
-        )
+        sql, params = claim_statement("default", "default", limit, "w", few_ready=few_ready)
         params[1] = uuid.uuid4()
         with transaction.atomic(), connections["default"].cursor() as cursor:
             cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
@@ -228,7 +228,7 @@ def test_claim_plan_does_not_read_finished_delayed_or_leased_rows(make_message):
         make_message(run_at=NOW - SECOND)
 
     # The worker's own claim statement, run and rolled back.
-    sql, params = lifecycle.claim_statement("default", "default", 10, "w")
+    sql, params = claim_statement("default", "default", 10, "w")
     params[1] = uuid.uuid4()
     with transaction.atomic(), connections["default"].cursor() as cursor:
         cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
@@ -278,7 +278,7 @@ def test_a_claim_expecting_few_reads_the_due_index_whatever_the_statistics_say(m
         )
         cursor.execute("VACUUM django_pgqueue_message")  # the dead rows go, the statistics stay
     make_message(run_at=NOW - SECOND)
-    sql, params = lifecycle.claim_statement("default", "default", 16, "w", few_ready=True)
+    sql, params = claim_statement("default", "default", 16, "w", few_ready=True)
     plan, buffers = _picking_buffers(sql, params)
     assert "pgqueue_msg_due_idx" in plan and "Seq Scan" not in plan, plan
     assert buffers < 30, f"picking 1 row touched {buffers} buffers:\n{plan}"
@@ -298,7 +298,7 @@ def test_the_prepared_claims_generic_plan_reads_a_partial_index(make_message, fe
             " ANALYZE django_pgqueue_message"
         )
     make_message(run_at=NOW - SECOND)
-    sql, params = lifecycle.claim_statement("default", "default", 16, "w", few_ready=few_ready)
+    sql, params = claim_statement("default", "default", 16, "w", few_ready=few_ready)
     params[1] = uuid.uuid4()
     placeholders = iter(range(1, len(params) + 1))
     prepared = re.sub("%s", lambda _: f"${next(placeholders)}", sql)
@@ -347,7 +347,7 @@ def test_a_claim_expecting_few_keeps_its_generic_plan_while_statistics_describe_
         cursor.execute("VACUUM django_pgqueue_message")  # the dead rows go, the statistics stay
     for _ in range(12):  # psycopg prepares after 5, PostgreSQL decides after 5 more
         make_message(run_at=NOW - SECOND)
-        assert len(lifecycle.claim(["default"], 16, "w", 60, few_ready=True)) == 1
+        assert len(claim(["default"], 16, "w", 60, few_ready=True)) == 1
     with connections["default"].cursor() as cursor:
         cursor.execute(
             "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
@@ -371,8 +371,8 @@ def test_acknowledgements_and_lease_extensions_read_the_primary_key_not_every_le
             " ANALYZE django_pgqueue_message"
         )
     for n in range(50):
-        lifecycle.claim(["default"], 100, f"other-{n}", 600)
-    mine = lifecycle.claim(["default"], 100, "me", 60)
+        claim(["default"], 100, f"other-{n}", 600)
+    mine = claim(["default"], 100, "me", 60)
     assert len(mine) == 100
 
     def plan_of(sql, params):
@@ -383,7 +383,8 @@ def test_acknowledgements_and_lease_extensions_read_the_primary_key_not_every_le
         return plan
 
     for skip_locked in (True, False):
-        plan = plan_of(*lifecycle._ack_statement(connections["default"], mine, skip_locked))
+        ids = ids_by_token(mine)
+        plan = plan_of(*ack_statement(connections["default"], ids, skip_locked))
         assert "pgqueue_msg_lease_idx" not in plan and "Seq Scan" not in plan, plan
         assert "django_pgqueue_message_pkey" in plan, plan
     token = mine[0].lease_token
@@ -399,21 +400,21 @@ def test_acknowledgements_and_lease_extensions_read_the_primary_key_not_every_le
         "lease_expires_at"
     )[:1000]
     assert "pgqueue_msg_lease_idx" in rescue.explain()
-    assert lifecycle.ack_many(mine) == {m.pk for m in mine}
-    assert lifecycle.extend_leases(mine, 60) == set()  # acknowledged: gone, not lost
+    assert ack_many(mine) == {m.pk for m in mine}
+    assert liveness.extend_leases(mine, 60) == set()  # acknowledged: gone, not lost
 
 
 def test_a_claim_expecting_few_takes_them_all_in_claim_order_or_the_oldest(make_message):
     low_old = make_message(run_at=NOW - 3 * SECOND, priority=0)
     high_new = make_message(run_at=NOW - SECOND, priority=5)
     middle = make_message(run_at=NOW - 2 * SECOND, priority=0)
-    claimed = lifecycle.claim(["default"], 10, "w", 60, few_ready=True)
+    claimed = claim(["default"], 10, "w", 60, few_ready=True)
     assert [m.pk for m in claimed] == [high_new.pk, low_old.pk, middle.pk]
     Message.objects.all().delete()
     oldest = [make_message(run_at=NOW - (10 - n) * SECOND) for n in range(3)]
     make_message(run_at=NOW - SECOND, priority=9)
     # More ready than asked: this one claim takes the oldest, not the most urgent.
-    claimed = lifecycle.claim(["default"], 3, "w", 60, few_ready=True)
+    claimed = claim(["default"], 3, "w", 60, few_ready=True)
     assert [m.pk for m in claimed] == [m.pk for m in oldest]
 
 
@@ -442,13 +443,13 @@ def test_ack_many_reports_which_were_still_held(make_message):
     b = make_message(status=Status.PROCESSING, lease_token=a.lease_token)
     lost = make_message(status=Status.PROCESSING, lease_token=a.lease_token)
     Message.objects.filter(pk=lost.pk).update(lease_token=uuid.uuid4())
-    assert lifecycle.ack_many([a, b, lost]) == {a.pk, b.pk}
+    assert ack_many([a, b, lost]) == {a.pk, b.pk}
     assert list(Message.objects.values_list("pk", flat=True)) == [lost.pk]
 
 
 def test_acknowledging_nothing_sends_nothing():
     with CaptureQueriesContext(connections["default"]) as queries:
-        assert lifecycle.ack_many([]) == set()
+        assert ack_many([]) == set()
         assert lifecycle.ack_unlocked([]) == (set(), set())
         assert lifecycle.ack_leased([]) == set()
     assert len(queries) == 0
@@ -457,8 +458,8 @@ def test_acknowledging_nothing_sends_nothing():
 def test_acknowledgements_of_several_claims_each_check_their_own_token(make_message):
     for _ in range(6):
         make_message(run_at=NOW - SECOND)
-    first = lifecycle.claim(["default"], 3, "w", 60)
-    second = lifecycle.claim(["default"], 3, "w", 60)
+    first = claim(["default"], 3, "w", 60)
+    second = claim(["default"], 3, "w", 60)
     assert first[0].lease_token != second[0].lease_token
     # One of each claim's messages with the other claim's token: not acknowledged.
     swapped = [
@@ -468,10 +469,10 @@ def test_acknowledgements_of_several_claims_each_check_their_own_token(make_mess
         Message(pk=second[2].pk, lease_token=first[0].lease_token),
     ]
     held = {m.pk for m in first[:2] + second[:2]}
-    acked, claimed = lifecycle.ack_and_claim(swapped, ["default"], 1, "w", 60)
+    acked, claimed = ack_and_claim(swapped, ["default"], 1, "w", 60)
     assert acked == held and claimed == []
     assert set(Message.objects.values_list("pk", flat=True)) == {first[2].pk, second[2].pk}
-    assert lifecycle.ack_many([first[2], second[2]]) == {first[2].pk, second[2].pk}
+    assert ack_many([first[2], second[2]]) == {first[2].pk, second[2].pk}
 
 
 # --- retry, release, extend ---------------------------------------------------
@@ -516,7 +517,7 @@ def test_extend_leases_reports_the_lost_ones(make_message):
     Message.objects.filter(pk=taken.pk).update(lease_token=uuid.uuid4())
     acked = make_message(status=Status.PROCESSING, lease_token=held.lease_token)
     Message.objects.filter(pk=acked.pk).delete()  # finished meanwhile: not lost
-    lost = lifecycle.extend_leases([held, rescued, taken, acked], 60, now=NOW)
+    lost = liveness.extend_leases([held, rescued, taken, acked], 60, now=NOW)
     assert lost == {rescued.pk, taken.pk}
     assert reread(held).lease_expires_at == NOW + 60 * SECOND
     assert reread(rescued).lease_expires_at == rescued.lease_expires_at
@@ -602,8 +603,8 @@ def test_rescue_returns_expired_leases_and_leaves_live_ones(make_message):
     live = make_message(status=Status.PROCESSING, lease_expires_at=NOW + SECOND)
     on_the_edge = make_message(status=Status.PROCESSING, lease_expires_at=NOW)
     waiting = make_message(run_at=NOW - 60 * SECOND)
-    result = lifecycle.rescue_expired(now=NOW)
-    assert result == lifecycle.RescueResult(requeued=1, dead_lettered=0)
+    result = maintenance.rescue_expired(now=NOW)
+    assert result == maintenance.RescueResult(requeued=1, dead_lettered=0)
     row = reread(expired)
     assert (row.status, row.attempts, row.lease_token) == (Status.WAITING, 1, None)
     assert row.last_error == "worker lost: the lease of dead-worker expired"
@@ -622,7 +623,7 @@ def test_rescue_dead_letters_a_message_that_used_its_last_attempt(make_message):
         max_attempts=3,
         locked_by="w",
     )
-    assert lifecycle.rescue_expired(now=NOW) == lifecycle.RescueResult(0, 1)
+    assert maintenance.rescue_expired(now=NOW) == maintenance.RescueResult(0, 1)
     assert reread(last) is None
     dead = DeadLetter.objects.get(message_id=last.pk)
     assert dead.category == "transient"
@@ -633,7 +634,7 @@ def test_rescue_leaves_alone_a_message_that_is_being_acknowledged(make_message):
     message = make_message(status=Status.PROCESSING, lease_expires_at=NOW - SECOND)
     with raw_connection() as acking:  # the late worker's ack holds the row
         acking.execute("DELETE FROM django_pgqueue_message WHERE id = %s", [message.pk])
-        assert lifecycle.rescue_expired(now=NOW) == lifecycle.RescueResult(0, 0)
+        assert maintenance.rescue_expired(now=NOW) == maintenance.RescueResult(0, 0)
         acking.commit()
     assert reread(message) is None, "the ack won; the rescue did not resurrect the message"
 
@@ -693,7 +694,7 @@ def test_rescue_treats_a_processing_row_without_a_lease_as_expired(make_message,
         cleared = ["lease_expires_at", "lease_token"] if missing == "both" else [missing]
         Message.objects.filter(pk=orphan.pk).update(**dict.fromkeys(cleared))
         live = make_message(status=Status.PROCESSING, lease_expires_at=NOW + 60 * SECOND)
-        assert lifecycle.rescue_expired(now=NOW) == lifecycle.RescueResult(1, 0)
+        assert maintenance.rescue_expired(now=NOW) == maintenance.RescueResult(1, 0)
         row = reread(orphan)
         assert (row.status, row.attempts, row.lease_token) == (Status.WAITING, 1, None)
         assert row.last_error.startswith("lease missing: processing without a lease")
@@ -721,7 +722,7 @@ def test_migration_0013_gives_leaseless_rows_an_expired_lease_for_the_rescue():
         executor.migrate(latest)
     row = Message.objects.get(pk=orphan)
     assert row.lease_token is not None and row.lease_expires_at <= timezone.now()
-    assert lifecycle.rescue_expired().requeued == 1
+    assert maintenance.rescue_expired().requeued == 1
     row = reread(row)
     assert (row.status, row.attempts) == (Status.WAITING, 1)
 
@@ -750,7 +751,7 @@ def test_rescue_says_when_the_lease_expired_under_a_worker_that_is_alive(make_me
     lost = make_message(
         status=Status.PROCESSING, lease_expires_at=NOW - 5 * SECOND, locked_by="dead"
     )
-    assert lifecycle.rescue_expired(now=NOW).requeued == 2
+    assert maintenance.rescue_expired(now=NOW).requeued == 2
     assert reread(locked).last_error.startswith(
         "lease expired: the lease of busy expired while that worker was still alive"
     )
@@ -761,7 +762,7 @@ def test_rescue_says_when_the_lease_expired_under_a_worker_that_is_alive(make_me
 def test_maintenance_runs_in_one_worker_at_a_time(make_message):
     make_message(status=Status.PROCESSING, lease_expires_at=NOW - SECOND)
     with raw_connection() as leader:
-        leader.execute("SELECT pg_advisory_xact_lock(%s)", [lifecycle.MAINTENANCE_LOCK_KEY])
+        leader.execute("SELECT pg_advisory_xact_lock(%s)", [maintenance.MAINTENANCE_LOCK_KEY])
         assert maintenance.run_once(now=NOW) is None, "ran while another worker held the lock"
         assert Message.objects.filter(status=Status.PROCESSING).count() == 1
     assert maintenance.run_once(now=NOW) == maintenance.MaintenanceResult(1, 0)
@@ -786,16 +787,16 @@ def test_run_now_clears_the_delay_of_waiting_messages_only(make_message, listene
 
 
 def test_probe_reports_the_next_due_message_and_expired_leases(make_message):
-    assert not lifecycle.probe(["default"]).ready
+    assert not liveness.probe(["default"]).ready
     make_message(run_at=timezone.now() + 30 * SECOND)
     make_message(run_at=timezone.now() + 10 * SECOND, queue="other")
-    found = lifecycle.probe(["default"])
+    found = liveness.probe(["default"])
     assert not found.ready and 29 < found.seconds_until_due() <= 30
-    assert 9 < lifecycle.probe(["default", "other"]).seconds_until_due() <= 10
+    assert 9 < liveness.probe(["default", "other"]).seconds_until_due() <= 10
     assert not found.lease_expired
     make_message(status=Status.PROCESSING, lease_expires_at=timezone.now() - SECOND)
     make_message(run_at=timezone.now() - SECOND)
-    found = lifecycle.probe(["default"])
+    found = liveness.probe(["default"])
     assert found.ready and found.lease_expired
     assert Message.objects.filter(~Q(status=Status.WAITING)).count() == 1
 
@@ -821,9 +822,28 @@ def test_the_queue_tables_carry_their_autovacuum_settings():
 
 def test_a_claimed_message_equals_its_row_as_the_orm_reads_it(make_message):
     make_message(payload={"a": [1, "x"]}, headers={"h": "v"}, run_at=NOW - SECOND)
-    [claimed] = lifecycle.claim(["default"], 1, "w", 30)
+    [claimed] = claim(["default"], 1, "w", 30)
     stored = Message.objects.get(pk=claimed.pk)
     for field in Message._meta.concrete_fields:
         assert getattr(claimed, field.attname) == getattr(stored, field.attname), field.name
     assert claimed.run_at.tzinfo is not None and claimed._state.db == "default"
     assert not claimed._state.adding
+
+
+def test_a_claimed_message_is_built_through_the_orms_public_path(make_message):
+    """message_from_row builds the Message with Model.from_db, as a queryset
+    does: __init__ runs, so receivers of post_init see claimed messages too."""
+    from django.db.models.signals import post_init
+
+    make_message(run_at=NOW - SECOND)
+    seen = []
+
+    def receiver(sender, instance, **kwargs):
+        seen.append(instance)
+
+    post_init.connect(receiver, sender=Message)
+    try:
+        [claimed] = claim(["default"], 1, "w", 30)
+    finally:
+        post_init.disconnect(receiver, sender=Message)
+    assert seen == [claimed] and seen[0] is claimed

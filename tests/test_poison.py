@@ -223,7 +223,7 @@ def test_the_rescue_of_expired_leases_never_loads_a_payload():
     """Maintenance rescues every expired lease, whatever JSON the rows hold:
     a row Python cannot load goes back to the queue or to the dead letters
     like the others."""
-    from django_pgqueue import lifecycle
+    from django_pgqueue import maintenance
 
     lease = {
         "status": "processing",
@@ -235,7 +235,7 @@ def test_the_rescue_of_expired_leases_never_loads_a_payload():
     last = insert_raw("test.record", DEEP, DEEP, {**lease, "attempts": 3, "max_attempts": 3})
     plain = insert_raw("test.record", "{}", "{}", {**lease, "attempts": 3, "max_attempts": 3})
 
-    result = lifecycle.rescue_expired()
+    result = maintenance.rescue_expired()
 
     assert (result.requeued, result.dead_lettered) == (1, 2)
     assert Message.objects.filter(pk=again, status="waiting").exists()

@@ -1,0 +1,155 @@
+"""The claim: waiting -> processing, in the worker's round trip.
+
+Each cycle the worker's loop acknowledges what its atomic=False handlers
+finished and leases the next ready messages in one round trip
+(``ack_and_claim_rows``); its handler threads turn the claimed rows into
+messages (``message_from_row``). The statements are sql.CLAIM_SQL and
+sql.ACK_UNLOCKED_SQL.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connections
+
+from django_pgqueue import conf, sql
+from django_pgqueue.db import prepared_cursor
+from django_pgqueue.lifecycle.acks import unacknowledged
+from django_pgqueue.lifecycle.guards import UNDECODABLE, logger
+from django_pgqueue.models import Message, timestamp_from_text
+from django_pgqueue.sql import ROW_ATTEMPTS, ROW_ID, ROW_PRIORITY, ROW_RUN_AT, ROW_TOPIC
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    acked: set[int]  # ids of the acknowledgements that removed their row
+    busy: set[int]  # ids left for a later try: another transaction has their row locked
+    rows: list[tuple[Any, ...]]  # the claimed messages as the claim's rows, in claim order
+    groups_left: int = 0  # releases the group promotion left for another call
+
+
+def ack_and_claim_rows(
+    acks: Sequence[Message],
+    queues: Sequence[str],
+    limit: int,
+    worker_id: str,
+    lease_seconds: float,
+    now: datetime.datetime | None = None,
+    few_ready: bool = False,
+    promote: bool = False,
+) -> ClaimResult:
+    """Acknowledge ``acks`` (finished messages of atomic=False handlers, as
+    ``ack_unlocked``) and lease up to ``limit`` ready messages of ``queues``
+    to ``worker_id``, in one round trip: the worker's loop does both every
+    cycle. Returns a ClaimResult with the claimed messages as the claim's
+    rows, in claim order (the worker leaves ``message_from_row`` to its
+    handler threads). The acknowledgements share the claim's asynchronous
+    commit: after a server crash one may be lost and its message delivered
+    again, which atomic=False handlers accept.
+
+    One claim statement (sql.CLAIM_SQL) per queue, in the order given, until
+    ``limit``: an ordered index scan each, where an IN list over several
+    queues would sort every waiting row. Each claimed message gets the
+    claim's fresh lease token and counts an attempt. ``few_ready``: the
+    caller expects fewer ready messages than ``limit`` (the worker, after a
+    short claim): picked oldest first through the due index; the same result
+    while fewer than ``limit`` are ready, else the oldest rather than the
+    most urgent. ``promote``: promote the next message of released groups
+    first, after the acknowledgements (which may release groups) and before
+    the claim (which then takes the new heads).
+    """
+    using = conf.database_alias()
+    connection = connections[using]
+    async_commit = not connection.in_atomic_block
+    token = uuid.uuid4()
+    claimed: list[tuple[Any, ...]] = []
+    acked: set[int] = set()
+    busy: set[int] = set()
+    groups_left = 0
+    pending = list(acks)
+    for name in queues:
+        claim_sql, claim_params = sql.claim_statement(
+            using,
+            name,
+            limit - len(claimed),
+            worker_id,
+            now,
+            lease_seconds,
+            async_commit=async_commit,
+            few_ready=few_ready,
+            token=token,
+        )
+        # No LOCK_TIMEOUT or STATEMENT_TIMEOUT here: the claim and these
+        # acknowledgements never wait for a lock (SKIP LOCKED) and read the
+        # head of an index, so the limits would only add a statement to
+        # every cycle of the hot path.
+        if pending or promote:
+            # Several statements in one round trip (one implicit
+            # transaction): only client-side binding takes several.
+            statements: list[str] = []
+            params: list[Any] = []
+            if pending:
+                ack_sql, ack_params = sql.ack_statement(
+                    connection, sql.ids_by_token(pending), skip_locked=True
+                )
+                statements.append(ack_sql)
+                params += ack_params
+            if promote:
+                statements.append(sql.PROMOTE_GROUPS_SQL)
+                params += [sql.PROMOTE_LIMIT, bool(conf.get("NOTIFY"))]
+            with connection.cursor() as cursor:
+                cursor.execute(";".join([*statements, claim_sql]), [*params, *claim_params])
+                if pending:
+                    acked = {row[0] for row in cursor.fetchall()}
+                    cursor.nextset()
+                if promote:
+                    groups_left = cursor.fetchone()[0]
+                    cursor.nextset()
+                rows = cursor.fetchall()
+            if pending:
+                busy = unacknowledged(pending, acked)
+            pending, promote = [], False
+        else:
+            # One statement, run every cycle: prepared when the connection allows.
+            cursor = prepared_cursor(connection)
+            cursor.execute(claim_sql, claim_params)
+            rows = cursor.fetchall()
+        rows.sort(key=_claim_order)  # RETURNING keeps no order
+        claimed += rows
+        if len(claimed) >= limit:
+            break
+    if claimed and logger.isEnabledFor(logging.INFO):  # the hot path: no idle work
+        for row in claimed:
+            fields = {
+                "message_id": row[ROW_ID],
+                "topic": row[ROW_TOPIC],
+                "attempt": row[ROW_ATTEMPTS],
+            }
+            logger.info(
+                "Message id=%s topic=%s attempt=%s claimed by %s",
+                *fields.values(),
+                worker_id,
+                extra={**fields, "state": "claimed", "worker": worker_id},
+            )
+    return ClaimResult(acked, busy, claimed, groups_left)
+
+
+def _claim_order(row: Sequence[Any]) -> tuple[int, datetime.datetime | None, int]:
+    return (-row[ROW_PRIORITY], timestamp_from_text(row[ROW_RUN_AT]), row[ROW_ID])
+
+
+def message_from_row(row: Sequence[Any]) -> Message:
+    """A Message from a row of the claim (``ClaimResult.rows``), built as a
+    queryset builds one (``Model.from_db``) from the row's decoded values."""
+    values, undecodable = sql.decode_claim_row(row)
+    message = Message.from_db(conf.database_alias(), sql.CLAIM_ATTNAMES, values)
+    if undecodable is not None:
+        # The worker dead-letters such a message without loading it.
+        setattr(message, UNDECODABLE, undecodable)
+    return message
