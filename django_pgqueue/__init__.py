@@ -5,6 +5,10 @@ The public API is importable from here. It is loaded lazily, so that
 Django's app registry is ready.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 __version__ = "0.1.0.dev0"
 
 _API = {
@@ -28,7 +32,7 @@ _API = {
 __all__ = sorted(_API)
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     module = _API.get(name)
     if module is None:
         raise AttributeError(f"module 'django_pgqueue' has no attribute {name!r}")
@@ -37,5 +41,5 @@ def __getattr__(name):
     return getattr(importlib.import_module(module), name)
 
 
-def __dir__():
+def __dir__() -> list[str]:
     return sorted(list(globals()) + __all__)

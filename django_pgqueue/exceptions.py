@@ -4,10 +4,12 @@ Each class's docstring is its default message, so ``raise InvalidMessage()``
 still says something useful.
 """
 
+from __future__ import annotations
+
 import datetime
 
 
-def describe(exc):
+def describe(exc: BaseException) -> str:
     """``Type: message`` of an exception (``Type`` alone when its message is
     empty): how a failure's reason is recorded and logged."""
     text = str(exc)
@@ -17,7 +19,7 @@ def describe(exc):
 class PgQueueError(Exception):
     """A django-pgqueue error."""
 
-    def __init__(self, message=None):
+    def __init__(self, message: str | None = None) -> None:
         super().__init__(message if message is not None else self.__doc__)
 
 
@@ -40,7 +42,9 @@ class Retry(PgQueueError):
     backoff policy choose.
     """
 
-    def __init__(self, reason="retry requested", *, after=None):
+    def __init__(
+        self, reason: str = "retry requested", *, after: float | datetime.timedelta | None = None
+    ) -> None:
         super().__init__(reason)
         if isinstance(after, datetime.timedelta):
             after = after.total_seconds()
@@ -54,7 +58,7 @@ class Retry(PgQueueError):
 class Permanent(PgQueueError):
     """Raised by a handler: this message can never succeed; dead-letter it now."""
 
-    def __init__(self, reason="permanent failure"):
+    def __init__(self, reason: str = "permanent failure") -> None:
         super().__init__(reason)
 
 

@@ -9,14 +9,17 @@ broken receiver never fails an enqueue that has already committed, nor stops
 a worker's handler thread.
 """
 
+from __future__ import annotations
+
 import logging
+from typing import Any
 
 from django.dispatch import Signal
 
 logger = logging.getLogger(__name__)
 
 
-def send(signal, sender, **kwargs):
+def send(signal: Signal, sender: Any, **kwargs: Any) -> None:
     """Send ``signal`` to every receiver; log the ones that raise."""
     for receiver, result in signal.send_robust(sender=sender, **kwargs):
         if isinstance(result, Exception):
@@ -45,7 +48,7 @@ message_retried = Signal()
 # or the admin), sent with ``sender=DeadLetter``.
 # Arguments: ``dead_letter`` (the DeadLetter instance: topic, category, reason,
 # attempts, worker, queue...), ``message_id``. django-pgqueue's webhook alerts
-# (``alerts.py``) are one receiver.
+# (``observability/alerts.py``) are one receiver.
 dead_lettered = Signal()
 
 

@@ -20,7 +20,7 @@ from django.urls import reverse
 from django.utils import formats, timezone
 from psycopg.types.json import Jsonb
 
-from django_pgqueue import InvalidMessage, enqueue, enqueue_many, lifecycle
+from django_pgqueue import InvalidMessage, enqueue, enqueue_many
 from django_pgqueue.enqueuing import STREAM_CHUNK
 from django_pgqueue.fields import TIMESTAMP_MAX, TIMESTAMP_MIN
 from django_pgqueue.models import (
@@ -35,6 +35,7 @@ from django_pgqueue.models import (
 )
 from django_pgqueue.streams import delivery, subscribers
 
+from .claiming import claim
 from .conftest import wait_until
 
 # What PostgreSQL takes, what it reads as.
@@ -284,7 +285,7 @@ def test_the_claim_reads_a_row_with_such_timestamps(value, make_message):
     message = make_message()
     set_timestamps(message, value, ["created_at", "first_failed_at"])
     set_timestamps(message, "-infinity", ["run_at"])
-    [claimed] = lifecycle.claim(["default"], 1, "w", 60)
+    [claimed] = claim(["default"], 1, "w", 60)
     assert (claimed.pk, claimed.created_at, claimed.first_failed_at) == (
         message.pk,
         OUT_OF_RANGE[value],

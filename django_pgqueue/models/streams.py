@@ -1,5 +1,4 @@
-"""The tables of ordered streams (the transactional outbox); ``models.py``
-imports them, so they belong to the app as any other model.
+"""The tables of ordered streams (the transactional outbox).
 
 ``StreamEvent`` is append-only: ``streams.publish()`` inserts a row in the
 caller's transaction; maintenance deletes the rows that every subscription
@@ -17,9 +16,13 @@ below that has ended, so no event can appear there any more, and the order
 is append-only (a checkpoint never has a late commit appear behind it).
 
 ``Subscription``: one row per subscription, its checkpoint (the last
-``(xid, position)`` it passed) and its state. ``subscriptions.py`` is the
+``(xid, position)`` it passed) and its state. ``streams.subscriptions`` is the
 only writer of its state and checkpoint.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ValidationError
 from django.core.serializers.json import DjangoJSONEncoder
@@ -30,6 +33,10 @@ from django.db.models.functions import Now
 
 from django_pgqueue import conf
 from django_pgqueue.fields import DateTimeField
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.db.models.expressions import Expression
 
 # Subscription names travel in queue names, log lines and metric labels.
 SUBSCRIPTION_NAME_MAX_LENGTH = conf.QUEUE_MAX_LENGTH
@@ -49,16 +56,18 @@ class TransactionIdField(models.Field):
 
     description = "PostgreSQL transaction id (xid8)"
 
-    def db_type(self, connection):
+    def db_type(self, connection: BaseDatabaseWrapper) -> str:
         return "xid8"
 
-    def get_internal_type(self):
+    def get_internal_type(self) -> str:
         return "TransactionIdField"
 
-    def from_db_value(self, value, expression, connection):
+    def from_db_value(
+        self, value: Any, expression: Expression, connection: BaseDatabaseWrapper
+    ) -> int | None:
         return None if value is None else int(value)
 
-    def to_python(self, value):
+    def to_python(self, value: Any) -> int | None:
         if value is None or (isinstance(value, int) and not isinstance(value, bool)):
             return value
         try:
@@ -66,7 +75,7 @@ class TransactionIdField(models.Field):
         except (TypeError, ValueError):
             raise ValidationError(f"{value!r} is not a transaction id") from None
 
-    def get_prep_value(self, value):
+    def get_prep_value(self, value: Any) -> str | None:
         value = super().get_prep_value(value)
         return None if value is None else str(self.to_python(value))
 
@@ -100,23 +109,23 @@ class StreamEvent(models.Model):
             models.CheckConstraint(condition=~Q(stream=""), name="pgqueue_event_stream_not_empty"),
         ]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"{self.stream} @{self.position}"
 
 
 class SubscriptionState(models.TextChoices):
-    ACTIVE = "active", "Active"
-    RETRYING = "retrying", "Retrying"  # an event failed; tried again at retry_at
-    BLOCKED = "blocked", "Blocked"  # an event failed every attempt; an operator acts
-    PAUSED = "paused", "Paused"  # an operator paused it
+    ACTIVE = "active"
+    RETRYING = "retrying"  # an event failed; tried again at retry_at
+    BLOCKED = "blocked"  # an event failed every attempt; an operator acts
+    PAUSED = "paused"  # an operator paused it
 
 
 # The states in which a worker delivers (a retrying one once retry_at is due).
 DELIVERING = [SubscriptionState.ACTIVE, SubscriptionState.RETRYING]
 
 
-class SubscriptionQuerySet(models.QuerySet):
-    def with_lag(self):
+class SubscriptionQuerySet(models.QuerySet["Subscription"]):
+    def with_lag(self) -> SubscriptionQuerySet:
         """Annotate ``head_position`` (the stream's last event in delivery
         order), ``lag`` (committed events after the checkpoint, at most
         LAG_COUNT_CAP) and ``oldest_pending_at`` (when the first of them was
@@ -197,5 +206,5 @@ class Subscription(models.Model):
             ("reset_subscription", "Can reset the checkpoint of subscriptions"),
         ]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"{self.name} ({self.stream})"

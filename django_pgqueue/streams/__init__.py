@@ -10,20 +10,29 @@ another database alias, the insert waits for the caller's commit
 (``transaction.on_commit``).
 
 Bad input raises ``InvalidMessage`` at the call site and writes nothing; the
-checks are the producer's (names, JSON, keys).
+checks are the messages' (``validation.py``: names, JSON, keys).
+
+The rest of the package: ``subscribers`` (``@subscriber``),
+``subscriptions`` (their checkpoints and states), ``delivery`` and
+``thread`` (the worker's delivery), ``retention`` (``prune_events``, which
+the maintenance round runs).
 """
 
+from __future__ import annotations
+
 import logging
+from typing import Any
 
 from django.db import connections, transaction
-from django.db.models.base import ModelState
 
-from django_pgqueue import conf, signals
+from django_pgqueue import conf, signals, validation
 from django_pgqueue.db import prepared_cursor
-from django_pgqueue.enqueuing import _aliases, _key, _name_problem, _to_json
-from django_pgqueue.exceptions import InvalidMessage
-from django_pgqueue.models import StreamEvent, Subscription, timestamp_from_text
+from django_pgqueue.fields import timestamp_from_text
+from django_pgqueue.models import StreamEvent
 from django_pgqueue.models.streams import STREAM_NAME_MAX_LENGTH
+from django_pgqueue.streams.retention import prune_events
+
+__all__ = ["CHANNEL", "prune_events", "publish"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +53,14 @@ RETURNING position, xid::text, created_at::text"""
 NOTIFY_RETURNING = f", pg_notify('{CHANNEL}', stream)"
 
 
-def publish(stream, payload, *, key=None, headers=None, using=None):
+def publish(
+    stream: str,
+    payload: Any,
+    *,
+    key: str | None = None,
+    headers: dict[str, Any] | None = None,
+    using: str | None = None,
+) -> StreamEvent:
     """Append an event to ``stream``, in the caller's transaction; return it
     as a ``StreamEvent``.
 
@@ -55,20 +71,14 @@ def publish(stream, payload, *, key=None, headers=None, using=None):
     is inserted: at once on the queue's database, at the caller's commit
     when the queue lives on another alias (None until then).
     """
-    problem = _name_problem("stream", stream, STREAM_NAME_MAX_LENGTH)
-    if problem:
-        raise InvalidMessage(problem)
-    payload_json = _to_json("payload", payload)
-    if headers is None:
-        headers = {}
-    if not isinstance(headers, dict) or not all(isinstance(k, str) for k in headers):
-        raise InvalidMessage("headers must be a dict with string keys")
-    headers_json = _to_json("headers", headers)
-    key = _key("key", key)
-    caller, alias = _aliases(using)
-
-    event = StreamEvent.__new__(StreamEvent)
-    event.__dict__.update(
+    validation.check_name("stream", stream, STREAM_NAME_MAX_LENGTH)
+    payload_json = validation.to_json("payload", payload)
+    headers, headers_json = validation.check_headers(headers)
+    key = validation.check_key("key", key)
+    caller, alias = validation.check_using(using), conf.database_alias()
+    # Built as bulk_create treats its instances: unsaved until the INSERT
+    # returns its position, transaction id and time.
+    event = StreamEvent(  # type: ignore[misc]  # xid and created_at: from the INSERT
         position=None,
         stream=stream,
         key=key,
@@ -77,7 +87,6 @@ def publish(stream, payload, *, key=None, headers=None, using=None):
         xid=None,
         created_at=None,
     )
-    event._state = ModelState()
     params = [stream, key, payload_json, headers_json]
     if caller == alias:
         _insert(event, params, alias)
@@ -88,7 +97,7 @@ def publish(stream, payload, *, key=None, headers=None, using=None):
     return event
 
 
-def _insert(event, params, alias):
+def _insert(event: StreamEvent, params: list[Any], alias: str) -> None:
     connection = connections[alias]
     sql = PUBLISH_SQL.format(table=connection.ops.quote_name(StreamEvent._meta.db_table))
     if conf.get("NOTIFY"):
@@ -113,79 +122,3 @@ def _insert(event, params, alias):
             ),
             using=alias,
         )
-
-
-# --- retention ----------------------------------------------------------------------------
-
-# The streams that have events: a skip scan of the stream index (one index
-# probe per stream, whatever the number of events).
-STREAMS_SQL = """
-WITH RECURSIVE s(stream) AS (
-    (SELECT stream FROM {events} ORDER BY stream LIMIT 1)
-    UNION ALL
-    SELECT (SELECT stream FROM {events} WHERE stream > s.stream ORDER BY stream LIMIT 1)
-    FROM s WHERE s.stream IS NOT NULL
-)
-SELECT stream FROM s WHERE stream IS NOT NULL
-"""
-
-# One stream's events that every subscription of the stream has passed (up
-# to the lowest checkpoint; without subscriptions, those whose transaction
-# has ended) and that are older than the cutoff: among the first ``limit``
-# in delivery order, read through the stream index, so a round costs what
-# it deletes even while a subscription lags far behind. Events are
-# published in about the order of their times: when the stream's first
-# event is not old enough, none is, and the stream costs one index probe.
-PRUNE_SQL = """
-WITH cutoff AS (
-    SELECT COALESCE(%(now)s::timestamptz, now()) - make_interval(secs => %(keep)s) AS t
-), horizon AS (
-    SELECT xid, position FROM (
-        SELECT checkpoint_xid AS xid, checkpoint_position AS position FROM {subs}
-        WHERE stream = %(stream)s
-        UNION ALL
-        SELECT pg_snapshot_xmin(pg_current_snapshot()), 0
-    ) AS h ORDER BY xid, position LIMIT 1
-)
-DELETE FROM {events} WHERE position = ANY(ARRAY(
-    SELECT e.position FROM horizon, cutoff, LATERAL (
-        SELECT position, created_at FROM {events}
-        WHERE stream = %(stream)s AND (xid, position) <= (horizon.xid, horizon.position)
-        ORDER BY xid, position LIMIT %(limit)s
-    ) AS e
-    WHERE e.created_at < cutoff.t AND (
-        SELECT first.created_at < cutoff.t FROM {events} AS first
-        WHERE first.stream = %(stream)s ORDER BY first.xid, first.position LIMIT 1
-    )
-))
-"""
-
-# Events deleted per maintenance round, at most.
-PRUNE_LIMIT = 20_000
-
-
-def prune_events(now=None, limit=PRUNE_LIMIT):
-    """Delete the events that every subscription of their stream has passed
-    and that are older than PGQUEUE["STREAM_RETENTION"] (a stream without
-    subscriptions: every event older than that); at most ``limit`` in one
-    call. Returns how many were deleted. Run by the maintenance round."""
-    keep = conf.get("STREAM_RETENTION")
-    if keep is None:
-        return 0
-    connection = connections[conf.get("DATABASE")]
-    tables = {
-        "events": connection.ops.quote_name(StreamEvent._meta.db_table),
-        "subs": connection.ops.quote_name(Subscription._meta.db_table),
-    }
-    deleted = 0
-    with connection.cursor() as cursor:
-        cursor.execute(STREAMS_SQL.format(**tables))
-        for (stream,) in cursor.fetchall():
-            if deleted >= limit:
-                break
-            params = {"stream": stream, "limit": limit - deleted, "now": now, "keep": keep}
-            cursor.execute(PRUNE_SQL.format(**tables), params)
-            deleted += cursor.rowcount
-    if deleted:
-        logger.info("Retention: deleted %s stream event(s)", deleted, extra={"deleted": deleted})
-    return deleted

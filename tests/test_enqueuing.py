@@ -7,6 +7,7 @@ import uuid
 
 import pytest
 from django.db import OperationalError, connections, transaction
+from django.db.models.signals import post_init
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -340,18 +341,23 @@ def test_dedup_is_per_topic_and_only_among_unfinished_messages():
 
 
 @pytest.mark.django_db
-def test_dedup_holder_finishing_between_insert_and_look_up_is_inserted_again(monkeypatch):
-    from django_pgqueue import enqueuing
-
+def test_dedup_holder_finishing_between_insert_and_look_up_is_inserted_again():
     holder = enqueue("a", "old", dedup_key="k")
-    adopt = enqueuing._adopt_existing
+    gap = []
 
-    def holder_finishes_first(messages, alias):
-        Message.objects.filter(pk=holder.pk).delete()  # acknowledged in this very gap
-        return adopt(messages, alias)
+    def holder_finishes_first(execute, sql, params, many, context):
+        # The first statement after the skipped INSERT is the look-up of the
+        # holder: the holder is acknowledged in this very gap, just before it.
+        if gap == ["insert"]:
+            gap.append("look-up")
+            Message.objects.filter(pk=holder.pk).delete()
+        elif sql.startswith("INSERT") and not gap:
+            gap.append("insert")
+        return execute(sql, params, many, context)
 
-    monkeypatch.setattr(enqueuing, "_adopt_existing", holder_finishes_first)
-    message = enqueue("a", "new", dedup_key="k")
+    with connections["default"].execute_wrapper(holder_finishes_first):
+        message = enqueue("a", "new", dedup_key="k")
+    assert gap == ["insert", "look-up"], "the enqueue did not look the holder up after its INSERT"
     assert message.created is True and message.pk != holder.pk
     assert list(Message.objects.values_list("payload", flat=True)) == ["new"]
 
@@ -511,6 +517,31 @@ def test_a_database_error_in_a_later_chunk_writes_nothing_and_leaves_a_usable_co
             cursor.execute(
                 "DROP TRIGGER test_boom ON django_pgqueue_message; DROP FUNCTION test_boom()"
             )
+
+
+@pytest.mark.django_db
+def test_the_returned_messages_are_built_by_the_model_and_saved_on_its_alias():
+    """Through Message.__init__ (its post_init signal fires), then marked
+    saved as Model.save() leaves an instance, whatever the insert path."""
+    built = []
+
+    def receiver(sender, instance, **kwargs):
+        built.append(instance)
+
+    post_init.connect(receiver, sender=Message)
+    try:
+        one = enqueue("t.built", 1)
+        few = enqueue_many([{"payload": n} for n in range(3)], topic="t.built")
+        chunked = enqueue_many(
+            [{"payload": n} for n in range(enqueuing.STREAM_CHUNK + 1)], topic="t.built"
+        )
+    finally:
+        post_init.disconnect(receiver, sender=Message)
+    returned = [one, *few, *chunked]
+    assert {id(m) for m in returned} <= {id(m) for m in built}, "a message skipped __init__"
+    for message in returned:
+        assert (message._state.adding, message._state.db) == (False, "default")
+        assert message.created is True and message.pk is not None
 
 
 @pytest.mark.django_db

@@ -1,0 +1,132 @@
+"""Settings: one ``PGQUEUE`` dict in the project's settings, every key optional.
+
+Values are read at call time (``get``), never cached at import, so
+``override_settings`` and per-test changes just work. The keys, their
+defaults and meanings are in ``defaults.py``; ``problems.py`` says what is
+wrong with a value (``validate`` returns the problems that ``checks.py``
+turns into system-check errors). Everything is read as ``conf.NAME``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+from django_pgqueue.conf.defaults import (
+    ACCESS_CHOICES,
+    ALERT_TOPIC,
+    DB_TIMEOUT_MAX,
+    DEFAULTS,
+    KEY_MAX_LENGTH,
+    NAME_RE,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    QUEUE_MAX_LENGTH,
+    SECRET_KEYS,
+    TOPIC_MAX_LENGTH,
+)
+from django_pgqueue.conf.problems import (
+    RULE_CONDITIONS,
+    alias_problem,
+    host_problem,
+    is_int,
+    name_problem,
+    rule_problem,
+    text_problem,
+    validate,
+)
+
+__all__ = [
+    "ACCESS_CHOICES",
+    "ALERT_TOPIC",
+    "DB_TIMEOUT_MAX",
+    "DEFAULTS",
+    "KEY_MAX_LENGTH",
+    "NAME_RE",
+    "PRIORITY_MAX",
+    "PRIORITY_MIN",
+    "QUEUE_MAX_LENGTH",
+    "RULE_CONDITIONS",
+    "SECRET_KEYS",
+    "TOPIC_MAX_LENGTH",
+    "Secret",
+    "alias_problem",
+    "database_alias",
+    "get",
+    "hide_secrets",
+    "host_problem",
+    "is_int",
+    "milliseconds",
+    "name_problem",
+    "queues",
+    "rule_problem",
+    "text_problem",
+    "validate",
+]
+
+
+def get(name: str) -> Any:
+    """The value of ``PGQUEUE[name]``, or its default."""
+    if name not in DEFAULTS:
+        raise KeyError(f"PGQUEUE has no setting {name!r}")
+    user = getattr(settings, "PGQUEUE", None) or {}
+    if not isinstance(user, dict):
+        raise ImproperlyConfigured(
+            f"PGQUEUE must be a dict, not {type(user).__name__} (manage.py check tells more)"
+        )
+    return user.get(name, DEFAULTS[name])
+
+
+def database_alias() -> str:
+    """The database alias the queue's tables live in (``PGQUEUE["DATABASE"]``)."""
+    return get("DATABASE")
+
+
+def queues() -> list[str]:
+    """The configured queues (PGQUEUE["QUEUES"], or the default queue)."""
+    configured = get("QUEUES")
+    return list(configured) if configured else [get("DEFAULT_QUEUE")]
+
+
+def milliseconds(seconds: float | None) -> str | None:
+    """A LOCK_TIMEOUT or STATEMENT_TIMEOUT as PostgreSQL reads it ("5000ms"),
+    or None."""
+    return None if seconds is None else f"{max(1, round(seconds * 1000))}ms"
+
+
+class Secret(str):
+    """A secret setting's value: the same string to every use (equal to it,
+    sent as it is), but its repr is Django's mask. Django's debug page (the
+    technical 500 page and its text and e-mail forms) masks settings by name
+    only (API, AUTH, TOKEN, KEY, SECRET, PASS, SIGNATURE), which
+    "ALERT_WEBHOOK_URL" and the header names in "ALERT_WEBHOOK_HEADERS" need
+    not match, and shows every other value through repr(), as do pprint and
+    the debug page's local variables."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "'********************'"
+
+
+def hide_secrets(user: object = None) -> None:
+    """Make the secret values of the PGQUEUE setting (``user``, default the
+    current one) ``Secret`` strings, in place, so that no debug page shows
+    them whatever the project's exception reporter filter. Called when the
+    app is ready and whenever PGQUEUE changes (override_settings); anything
+    that is not a string is left to the system checks."""
+    if user is None:
+        user = getattr(settings, "PGQUEUE", None)
+    if not isinstance(user, dict):
+        return
+    for key in ("ENDPOINT_TOKEN", "ALERT_WEBHOOK_URL"):
+        value = user.get(key)
+        if isinstance(value, str) and not isinstance(value, Secret):
+            user[key] = Secret(value)
+    headers = user.get("ALERT_WEBHOOK_HEADERS")
+    if isinstance(headers, dict):
+        for name, value in list(headers.items()):
+            if isinstance(value, str) and not isinstance(value, Secret):
+                headers[name] = Secret(value)

@@ -1,0 +1,126 @@
+"""Every ``PGQUEUE`` key with its default and what it means, and the limits
+that the models and the checks of names and settings share."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+# Names of queues and topics travel in NOTIFY payloads, log lines, metric
+# labels and URLs: keep them to a plain, printable alphabet. \Z, not $: "$"
+# also matches before a trailing newline ("default\n").
+NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:/-]*\Z")
+QUEUE_MAX_LENGTH = 100
+TOPIC_MAX_LENGTH = 200
+KEY_MAX_LENGTH = 255  # dedup_key, group_key
+
+# Priority: higher runs first. A bounded range keeps the claim index small and
+# leaves room above and below the default.
+PRIORITY_MIN = -100
+PRIORITY_MAX = 100
+
+# PostgreSQL's timeouts are whole milliseconds up to INT_MAX.
+DB_TIMEOUT_MAX = 2_147_483.0
+
+ACCESS_CHOICES = ("open", "staff", "token")
+ALERT_TOPIC = "pgqueue.alert"
+
+DEFAULTS: dict[str, Any] = {
+    # Alias of the database that holds the queue tables. When it differs from
+    # the caller's alias, enqueue defers the insert to the caller's commit.
+    "DATABASE": "default",
+    # Send a NOTIFY wake-up from the insert trigger. Turn off (poll-only mode)
+    # behind PgBouncer in transaction pooling, or at very high insert rates:
+    # every notifying transaction takes a cluster-wide lock at commit. The
+    # trigger is enabled or disabled to match when ``migrate`` runs.
+    "NOTIFY": True,
+    # Queue used when enqueue() is given none.
+    "DEFAULT_QUEUE": "default",
+    # Attempts before a message becomes a dead letter (a handler's
+    # max_attempts, or a message's, takes precedence).
+    "MAX_ATTEMPTS": 5,
+    # Retry backoff: the delay before attempt n+1 is drawn from
+    # [0, min(BACKOFF_CAP, BACKOFF_BASE * 2 ** (n - 1))] (full jitter), or is
+    # exactly that bound when BACKOFF_JITTER is False. Seconds.
+    "BACKOFF_BASE": 2.0,
+    "BACKOFF_CAP": 3600.0,
+    "BACKOFF_JITTER": True,
+    # DEPENDENCY failures (a downstream service is down) back off this many
+    # times longer than the others.
+    "DEPENDENCY_BACKOFF_FACTOR": 5.0,
+    # Message groups (group_key): when a message of a group is dead-lettered,
+    # False lets the group go on with its next message; True keeps the group
+    # blocked until the dead letter is revived (it then runs first),
+    # resolved or deleted. A handler's dead_letter_blocks_group overrides it.
+    "DEAD_LETTER_BLOCKS_GROUP": False,
+    # Classification rules tried before the built-in ones, first match wins.
+    # Each is a dict with "category" and one or more conditions: "exception"
+    # (a class or dotted path; subclasses match), "message" (a substring of
+    # str(exc)), "regex" (searched in str(exc)), "topic" (equal), "payload"
+    # (a callable or dotted path: payload -> bool).
+    "CLASSIFY_RULES": [],
+    # A callable (or dotted path) (exc, message) -> category or None, asked
+    # before the rules.
+    "CLASSIFIER": None,
+    # Lease (visibility timeout) in seconds. The worker's heartbeat extends it
+    # every quarter lease while a handler runs; a crashed worker's messages
+    # come back after about one lease.
+    "LEASE_SECONDS": 60.0,
+    # Seconds between polls when no notification arrives (jittered +-10%).
+    "POLL_INTERVAL": 5.0,
+    # The queues this project runs workers for. Health checks expect a live
+    # worker for each, status and metrics report each even when empty, and
+    # pgqueue_worker serves them when given no --queues. None: [DEFAULT_QUEUE].
+    "QUEUES": None,
+    # Seconds between a worker's heartbeats (its row in the worker table). A
+    # worker counts as alive until three intervals pass without one.
+    "HEARTBEAT_INTERVAL": 10.0,
+    # Limits on the worker's own statements that may wait for a lock (an
+    # atomic handler's acknowledgement, lease extension, heartbeat and poll,
+    # retries and dead-lettering, maintenance), in seconds; None keeps the
+    # server's setting. The claim and the batched acknowledgements of
+    # atomic=False handlers never wait for a lock (SKIP LOCKED) and carry
+    # none. Set per transaction (SET LOCAL), so they never reach a handler's
+    # own queries and hold behind PgBouncer in transaction pooling.
+    # LOCK_TIMEOUT: how long one of them waits for a row or table lock that
+    # another transaction holds before it fails and is retried.
+    # STATEMENT_TIMEOUT: the longest one may run; they take milliseconds, so
+    # one that runs this long is stuck.
+    "LOCK_TIMEOUT": 5.0,
+    "STATEMENT_TIMEOUT": 60.0,
+    # Who may read the metrics and health URLs of django_pgqueue.urls:
+    # "open" (anyone), "staff" (a logged-in staff user) or "token" (an
+    # "Authorization: Bearer <ENDPOINT_TOKEN>" header).
+    "METRICS_ACCESS": "staff",
+    "HEALTH_ACCESS": "open",
+    "ENDPOINT_TOKEN": None,
+    # Address a worker's --metrics-port and --health-port listen on (its
+    # --http-host option overrides it). Loopback by default: those ports
+    # answer everyone who can reach them unless the matching *_ACCESS is
+    # "token"; "0.0.0.0" or "::" opens them to every network of the host.
+    "WORKER_HTTP_HOST": "127.0.0.1",
+    # Dead-letter alerts: a JSON POST to this URL (None: no alerts), at most
+    # one per topic and category per ALERT_WINDOW seconds (the next one tells
+    # how many were held back). Sent by a worker as a message of its own
+    # (topic "pgqueue.alert"), so a slow or failing webhook never holds up
+    # other messages; tried 1 + ALERT_WEBHOOK_RETRIES times.
+    "ALERT_WEBHOOK_URL": None,
+    # Extra request headers, e.g. {"Authorization": "Bearer ..."}. Their
+    # values are secrets: never logged, never shown in the admin.
+    "ALERT_WEBHOOK_HEADERS": {},
+    "ALERT_WEBHOOK_TIMEOUT": 5.0,  # seconds, at most 50
+    "ALERT_WEBHOOK_RETRIES": 3,
+    "ALERT_WINDOW": 300.0,
+    # Scheme and host the alert's admin link starts with, e.g.
+    # "https://ops.example.com". None: the link is a path only.
+    "ALERT_SITE_URL": None,
+    # Streams (the transactional outbox): seconds a stream event is kept once
+    # every subscription of its stream has passed it (a stream without
+    # subscriptions: once it is this old); then the maintenance round
+    # deletes it. None keeps every event.
+    "STREAM_RETENTION": 7 * 24 * 3600.0,
+}
+
+# Settings whose values are secrets: never echoed in check messages or logs
+# (a webhook URL may carry a token in its path or query string).
+SECRET_KEYS = frozenset({"ENDPOINT_TOKEN", "ALERT_WEBHOOK_HEADERS", "ALERT_WEBHOOK_URL"})

@@ -1,0 +1,159 @@
+"""The queue table, ``Message``: one row per message that is not finished yet.
+
+Every column that a plain SQL ``INSERT`` may leave out has a database-level
+default (``db_default``), so another program can enqueue with
+``INSERT INTO django_pgqueue_message (topic, payload) VALUES (...)``.
+
+A message lives in exactly one of the queue and dead-letter tables:
+``lifecycle.dead_letter()`` moves it in one transaction.
+"""
+
+from __future__ import annotations
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+
+from django_pgqueue import conf
+from django_pgqueue.fields import DateTimeField
+
+
+class Status(models.TextChoices):
+    # Waiting covers ready, delayed and waiting-to-retry: run_at tells them apart.
+    WAITING = "waiting"
+    # Behind an earlier message of its group (group_key): no worker claims it
+    # until it becomes its group's next message (see GroupRelease).
+    BLOCKED = "blocked", "Blocked (behind its group)"
+    PROCESSING = "processing"
+    DONE = "done"
+
+
+class Category(models.TextChoices):
+    """What a failure is, which decides its policy (policy.py): a message's
+    last failure and a dead letter's cause."""
+
+    TRANSIENT = "transient"
+    DEPENDENCY = "dependency"
+    PERMANENT = "permanent"
+    BUSINESS = "business"
+    UNKNOWN = "unknown"
+
+
+# The statuses a message has until it is finished; dedup keys are unique among them.
+UNFINISHED = [Status.WAITING, Status.BLOCKED, Status.PROCESSING]
+# A group's head: the one message of a group that may be claimed or run.
+GROUP_HEAD = [Status.WAITING, Status.PROCESSING]
+
+
+class Message(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    queue = models.CharField(max_length=conf.QUEUE_MAX_LENGTH, db_default="default")
+    topic = models.CharField(max_length=conf.TOPIC_MAX_LENGTH)
+    payload = models.JSONField(encoder=DjangoJSONEncoder)
+    headers = models.JSONField(encoder=DjangoJSONEncoder, db_default={}, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, db_default=Status.WAITING)
+    priority = models.SmallIntegerField(db_default=0, help_text="Higher runs first.")
+    run_at = DateTimeField(db_default=Now(), help_text="Not before this time.")
+    attempts = models.IntegerField(db_default=0)
+    max_attempts = models.IntegerField(
+        null=True, blank=True, help_text="Empty: the handler's or the global limit."
+    )
+    lease_expires_at = DateTimeField(null=True, blank=True)
+    locked_by = models.CharField(max_length=255, db_default="", blank=True)
+    lease_token = models.UUIDField(null=True, blank=True)
+    dedup_key = models.CharField(max_length=conf.KEY_MAX_LENGTH, null=True, blank=True)
+    group_key = models.CharField(max_length=conf.KEY_MAX_LENGTH, null=True, blank=True)
+    last_error = models.TextField(db_default="", blank=True)
+    last_error_category = models.CharField(
+        max_length=16, choices=Category.choices, db_default="", blank=True
+    )
+    first_failed_at = DateTimeField(null=True, blank=True)
+    created_at = DateTimeField(db_default=Now())
+    updated_at = DateTimeField(db_default=Now())
+
+    # Not a column: set on the messages that enqueue() and enqueue_many()
+    # return. True when the row was inserted, False when an unfinished
+    # message held its dedup_key (that message is returned), None while the
+    # insert waits for the caller's commit on another database alias.
+    created: bool | None
+
+    class Meta:
+        indexes = [
+            # Exactly the claimable rows, in claim order: the claim reads the
+            # head of this index, whatever else the table holds.
+            models.Index(
+                fields=["queue", "-priority", "run_at", "id"],
+                condition=Q(status=Status.WAITING),
+                name="pgqueue_msg_claim_idx",
+            ),
+            # Waiting rows by due time: the next run_at a worker sleeps until,
+            # and the claim's way in when most waiting rows are delayed.
+            models.Index(
+                fields=["queue", "run_at"],
+                condition=Q(status=Status.WAITING),
+                name="pgqueue_msg_due_idx",
+            ),
+            # Leased rows by expiry: the rescue of crashed workers' messages
+            # (lease_expires_at < now) and the probe's next expiry (min()).
+            # "IS NOT NULL" in the condition keeps the statements that find
+            # leased rows by id and token (acknowledgements, lease
+            # extensions) on the primary key: with "status = 'processing'"
+            # alone they could use this index too, and statistics taken
+            # while nothing was leased made the planner read all of it,
+            # every worker's leases, for each acknowledgement (migration 0011).
+            models.Index(
+                fields=["lease_expires_at"],
+                condition=Q(status=Status.PROCESSING, lease_expires_at__isnull=False),
+                name="pgqueue_msg_lease_idx",
+            ),
+            # A group's blocked messages in enqueue order: the next one to
+            # promote when its head leaves.
+            models.Index(
+                fields=["group_key", "id"],
+                condition=Q(status=Status.BLOCKED),
+                name="pgqueue_msg_group_next_idx",
+            ),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["topic", "dedup_key"],
+                # Only rows with a key: the others (nearly all) cost no index
+                # entry on every insert and claim.
+                condition=Q(status__in=UNFINISHED, dedup_key__isnull=False),
+                name="pgqueue_msg_dedup_uniq",
+            ),
+            # At most one message of a group is claimable or running: the
+            # database itself refuses a second head, whatever a client does.
+            models.UniqueConstraint(
+                fields=["group_key"],
+                condition=Q(status__in=GROUP_HEAD, group_key__isnull=False),
+                name="pgqueue_msg_group_head_uniq",
+            ),
+            models.CheckConstraint(
+                condition=Q(status__in=Status.values), name="pgqueue_msg_status_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(priority__gte=conf.PRIORITY_MIN, priority__lte=conf.PRIORITY_MAX),
+                name="pgqueue_msg_priority_range",
+            ),
+            models.CheckConstraint(condition=Q(attempts__gte=0), name="pgqueue_msg_attempts_gte_0"),
+            models.CheckConstraint(
+                condition=Q(max_attempts__isnull=True) | Q(max_attempts__gte=1),
+                name="pgqueue_msg_max_attempts_gte_1",
+            ),
+            models.CheckConstraint(
+                condition=~Q(topic="") & ~Q(queue=""), name="pgqueue_msg_names_not_empty"
+            ),
+            # A leased row always has its lease: the rescue finds a dead
+            # worker's rows by their expiry, and a row without one would wait
+            # in "processing" forever (migration 0013 expires any it finds).
+            models.CheckConstraint(
+                condition=~Q(status=Status.PROCESSING)
+                | Q(lease_token__isnull=False, lease_expires_at__isnull=False),
+                name="pgqueue_msg_processing_has_lease",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.topic} #{self.pk}"
