@@ -2,6 +2,7 @@
 pgqueue_deadletters. Rows are fabricated in the exact state needed, one call
 is made, and the rows are read back, including rows that must stay untouched."""
 
+import contextlib
 import datetime
 import io
 import json
@@ -16,7 +17,7 @@ from django.db import connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_pgqueue import categorize, deadletters, resolve, revive
+from django_pgqueue import categorize, conf, deadletters, resolve, revive
 from django_pgqueue.deadletters import DeadLetterError
 from django_pgqueue.models import Category, DeadLetter, DeadLetterState, Message, Status
 from django_pgqueue.worker import Worker
@@ -149,35 +150,45 @@ def test_revive_to_another_queue_and_topic(make_dead_letter):
     )
 
 
+@contextlib.contextmanager
+def failing_dead_letter_updates(fail):
+    """Run the queue connection's UPDATEs of dead letters through
+    ``fail(n)`` (n: 1 for the first one...), which raises to make one fail."""
+    updates = []
+
+    def wrapper(execute, sql, params, many, context):
+        if sql.startswith(f'UPDATE "{DeadLetter._meta.db_table}"'):
+            updates.append(sql)
+            fail(len(updates))
+        return execute(sql, params, many, context)
+
+    with connections[conf.database_alias()].execute_wrapper(wrapper):
+        yield
+
+
 def test_revive_is_atomic_the_insert_and_the_dead_letter_update_commit_together(
-    make_dead_letter, monkeypatch
+    make_dead_letter,
 ):
     dead = make_dead_letter()
 
-    def fail(rows, using):
+    def fail(n):
         assert Message.objects.count() == 1, "the message should be inserted by now"
         raise RuntimeError("the update failed")
 
-    monkeypatch.setattr(deadletters, "_mark_revived", fail)
-    with pytest.raises(RuntimeError, match="the update failed"):
+    with failing_dead_letter_updates(fail), pytest.raises(RuntimeError, match="the update failed"):
         revive([dead.pk])
     assert not Message.objects.exists(), "a message was left without its dead letter's update"
     assert reread(dead).state == NEW
 
 
-def test_a_failing_chunk_rolls_back_alone(make_dead_letter, monkeypatch):
+def test_a_failing_chunk_rolls_back_alone(make_dead_letter):
     dead = [make_dead_letter() for _ in range(4)]
-    real = deadletters._mark_revived
-    calls = []
 
-    def fail_second(rows, using):
-        calls.append(len(rows))
-        if len(calls) == 2:
+    def fail_second(n):
+        if n == 2:
             raise RuntimeError("the second chunk failed")
-        real(rows, using)
 
-    monkeypatch.setattr(deadletters, "_mark_revived", fail_second)
-    with pytest.raises(RuntimeError):
+    with failing_dead_letter_updates(fail_second), pytest.raises(RuntimeError):
         revive(DeadLetter.objects.all(), chunk_size=2)
     assert [reread(d).state for d in dead] == [REVIVED, REVIVED, NEW, NEW]
     assert Message.objects.count() == 2

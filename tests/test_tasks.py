@@ -1,4 +1,4 @@
-"""django-pgqueue as a backend of Django's Tasks framework (django_pgqueue/tasks.py).
+"""django-pgqueue as a backend of Django's Tasks framework (django_pgqueue/tasks/).
 
 The tasks are testproject/demo/tasks.py; TASKS["default"] is our backend,
 "retrying" ours with retries in OPTIONS, "immediate" Django's ImmediateBackend.
@@ -8,6 +8,7 @@ Workers run in-process (``Worker(burst=True).run()``) or as real
 
 import datetime
 import json
+import traceback
 
 import django
 import pytest
@@ -582,9 +583,9 @@ def _start_mark_waits(conn):
 
 @transactional
 def test_a_start_mark_that_waits_past_its_lock_timeout_fails_the_attempt(monkeypatch):
-    from django_pgqueue import tasks as backend
+    from django_pgqueue.tasks import runner
 
-    monkeypatch.setattr(backend, "MARK_STARTED_LOCK_TIMEOUT_MS", 200)
+    monkeypatch.setattr(runner, "MARK_STARTED_LOCK_TIMEOUT_MS", 200)
     result = demo.add.enqueue(1, 1)
     with raw_connection() as holder, running_worker(concurrency=1, poll_interval=0.2):
         # A long admin edit of the record, say: the first attempt's mark gives up.
@@ -708,6 +709,83 @@ def test_a_task_moved_to_the_dead_letters_unrun_is_failed(task_signals):
     ]
     assert result.errors[0].exception_class is PgQueueError
     assert task_signals[-1] == ("finished", result.id, FAILED)
+
+
+class Outer:
+    class Inner(Exception):
+        """An exception class nested in a class: its qualname has a dot."""
+
+
+def raised(exc, during=None):
+    """``exc`` as raised (with a traceback), while handling ``during`` if given."""
+    try:
+        if during is None:
+            raise exc
+        try:
+            raise during
+        except BaseException:
+            raise exc  # noqa: B904  (its __context__ is ``during``)
+    except BaseException as caught:
+        return caught
+
+
+def with_note(exc, note):
+    exc.add_note(note)
+    return exc
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        raised(ValueError("boom")),
+        raised(ValueError()),
+        raised(ValueError("two\nlines: with a colon")),
+        raised(KeyError("key")),
+        raised(demo.Halt("halted")),
+        raised(Outer.Inner("nested")),
+        raised(with_note(RuntimeError("noted"), "Halt: a note that looks like an exception")),
+        raised(TypeError("during"), during=ValueError("first")),
+        raised(ExceptionGroup("several", [ValueError("a"), TypeError("b")])),
+        raised(BaseExceptionGroup("halts", [demo.Halt("b")])),
+        raised(PgQueueError("ours")),
+    ],
+    ids=repr,
+)
+def test_a_dead_letters_error_names_the_class_its_task_raised(exc):
+    """The dead-lettered attempt's error is read from what the dead letter
+    stores of the exception: its reason and its traceback."""
+    from django_pgqueue.exceptions import describe
+    from django_pgqueue.tasks import errors
+
+    trace = "".join(traceback.format_exception(exc))
+    error = errors.from_dead_letter(describe(exc), trace)
+    expected = errors.from_exception(exc)
+    assert (error.exception_class_path, error.traceback) == (
+        expected.exception_class_path,
+        expected.traceback,
+    )
+
+
+def test_a_dead_letters_error_after_the_backoff_stopped_is_the_tasks_own():
+    from django_pgqueue.exceptions import Permanent, describe
+    from django_pgqueue.tasks import errors
+
+    task_exc = raised(ConnectionError("down"))
+    expected = errors.from_exception(task_exc)
+    stopped = raised_from(Permanent(f"{errors.STOPPED_AFTER}{describe(task_exc)}"), task_exc)
+    trace = "".join(traceback.format_exception(stopped))
+    error = errors.from_dead_letter(describe(stopped), trace)
+    assert (error.exception_class_path, error.traceback) == (
+        "builtins.ConnectionError",
+        expected.traceback,
+    ), "the error of the task's exception, not of the Permanent raised from it"
+
+
+def raised_from(exc, cause):
+    try:
+        raise exc from cause
+    except BaseException as caught:
+        return caught
 
 
 # --- the same task code on Django's ImmediateBackend ---------------------------------
