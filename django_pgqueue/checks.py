@@ -68,7 +68,7 @@ def _check_pooling(alias, database):
     """Settings the worker cannot work with, and settings that cannot work
     together behind a transaction-pooling PgBouncer (which a project signals
     with DISABLE_SERVER_SIDE_CURSORS, as Django's documentation asks)."""
-    problems = []
+    problems: list[checks.CheckMessage] = []
     if database.get("OPTIONS", {}).get("server_side_binding"):
         problems.append(
             checks.Error(
@@ -160,7 +160,7 @@ def check_vacuum(app_configs=None, databases=None, **kwargs):
     warnings = []
     if autovacuum != "on" or track_counts != "on":
         setting = "autovacuum = off" if autovacuum != "on" else "track_counts = off"
-        names = " ".join(f"-t {table}" for table in tables)
+        vacuumdb_tables = " ".join(f"-t {table}" for table in tables)
         database = connection.settings_dict.get("NAME") or "<database>"
         warnings.append(
             checks.Warning(
@@ -169,7 +169,7 @@ def check_vacuum(app_configs=None, databases=None, **kwargs):
                 "deleted, so claims and polls slow down without bound.",
                 hint="Set autovacuum = on and track_counts = on (PostgreSQL's defaults) in "
                 "postgresql.conf, or run VACUUM on the queue tables every few minutes, e.g. "
-                f"from cron: vacuumdb --dbname {database} {names}",
+                f"from cron: vacuumdb --dbname {database} {vacuumdb_tables}",
                 id="pgqueue.W107",
             )
         )

@@ -23,13 +23,8 @@ from django.utils import timezone
 
 from django_pgqueue import enqueue
 from django_pgqueue.models import DeadLetterState, Status
-from django_pgqueue.observability.metrics import (
-    DEAD_LETTERED,
-    DONE,
-    RETRIED,
-    DatabaseCollector,
-    WorkerMetrics,
-)
+from django_pgqueue.observability.metrics import DEAD_LETTERED, DONE, RETRIED, WorkerMetrics
+from django_pgqueue.observability.scrape import DatabaseCollector
 
 CONTRIB = Path(__file__).resolve().parent.parent / "contrib"
 RULES = CONTRIB / "prometheus" / "pgqueue-alerts.yml"

@@ -14,10 +14,11 @@ from django.db import connections
 from django.test import override_settings
 from prometheus_client.parser import text_string_to_metric_families
 
-from django_pgqueue import enqueue, enqueue_many, lifecycle
+from django_pgqueue import enqueue, enqueue_many
 from django_pgqueue.models import DeadLetter, Message
 from django_pgqueue.observability import metrics
 
+from .claiming import claim
 from .conftest import wait_until
 
 TOKEN = "a-token-of-at-least-16-characters"
@@ -166,7 +167,7 @@ def test_message_states_split_waiting_into_ready_and_delayed(client):
     enqueue("a.topic", {})
     enqueue("a.topic", {}, delay=60)
     enqueue("a.topic", {})
-    lifecycle.claim(["default"], 1, "tester", 60)
+    claim(["default"], 1, "tester", 60)
     with override_settings(PGQUEUE={"METRICS_ACCESS": "open"}):
         web = scrape_web(client)
     for state in ("ready", "delayed", "processing"):

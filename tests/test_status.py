@@ -24,6 +24,7 @@ from django_pgqueue.models import (
     WorkerHeartbeat,
 )
 
+from .claiming import claim
 from .conftest import MANAGE, database_url
 
 NEW, REVIVED, RESOLVED = DeadLetterState.NEW, DeadLetterState.REVIVED, DeadLetterState.RESOLVED
@@ -84,7 +85,7 @@ def rows(settings, make_dead_letter):
     enqueue("mail.send", {}, queue="mail", run_at=ago(30))
     enqueue("mail.send", {}, queue="mail", run_at=ago(20))
     enqueue("orders.created", {}, queue="legacy", run_at=ago(5))
-    [leased] = lifecycle.claim(["mail"], 1, "web-1:100:aaaaaa", 60)
+    [leased] = claim(["mail"], 1, "web-1:100:aaaaaa", 60)
 
     make_dead_letter("orders.created", category=Category.TRANSIENT, state=NEW)
     make_dead_letter("orders.created", category=Category.TRANSIENT, state=NEW)

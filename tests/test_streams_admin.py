@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from django_pgqueue import publish
 from django_pgqueue.models import DeadLetter, StreamEvent, Subscription, SubscriptionState
-from django_pgqueue.observability import metrics
+from django_pgqueue.observability import scrape
 from django_pgqueue.streams import subscriptions
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -259,7 +259,7 @@ def test_stream_events_are_shown_escaped_and_read_only(admin_client):
 def test_the_metrics_report_each_subscriptions_lag_and_state(events):
     make("test.ledger", events, after=1)
     make("old.paused", state=SubscriptionState.PAUSED)
-    body, _ = metrics.render_database_metrics()
+    body, _ = scrape.render_database_metrics()
     samples = {}
     for family in text_string_to_metric_families(body.decode()):
         for sample in family.samples:
@@ -277,7 +277,7 @@ def test_the_metrics_report_each_subscriptions_lag_and_state(events):
     assert value("pgqueue_subscription_state", **ledger, state="blocked") == 0
     assert value("pgqueue_subscription_state", **paused, state="paused") == 1
     subscriptions.reset(["test.ledger"], events[-1].position)
-    body, _ = metrics.render_database_metrics()
+    body, _ = scrape.render_database_metrics()
     assert (
         'pgqueue_subscription_lag_seconds{stream="test.events",subscription="test.ledger"} 0.0'
         in (body.decode())

@@ -1,8 +1,8 @@
 """The admin of ordered streams: subscriptions (checkpoint, lag, state, and
 the operators' actions) and, read only, the stored stream events.
 
-Imported by ``admin.py`` (the module Django's admin autodiscovers). The
-admin writes no subscription row itself: every action calls
+Imported by ``django_pgqueue.admin`` (the package Django's admin
+autodiscovers). The admin writes no subscription row itself: every action calls
 ``subscriptions`` (pause, resume, reset, dead_letter_blocked), which waits
 for the subscription's lock, so an action lands between two deliveries.
 Each action needs its permission (``pause_subscription`` for pause and
@@ -10,84 +10,38 @@ resume, ``reset_subscription`` for reset and for moving a blocked event to
 the dead letters) and writes one admin ``LogEntry`` per changed row.
 """
 
-from django import forms
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, cast
+
 from django.contrib import admin, messages
-from django.contrib.admin.models import CHANGE, LogEntry
+from django.db.models import QuerySet
+from django.http import HttpRequest
 from django.utils.html import format_html
 
-from django_pgqueue import conf
-from django_pgqueue.admin import (
-    NulFreeLookupsMixin,
-    _applied_form,
-    _intermediate_page,
-    _pretty_json,
-    _short,
+from django_pgqueue.admin.common import (
+    Data,
+    PgQueueModelAdmin,
+    ReadOnlyModelAdmin,
+    ShowsJSON,
+    asks_first,
+    log_rows,
+    preformatted,
+    short,
+    shown,
 )
-from django_pgqueue.admin.forms import DeadLetterMoveForm
+from django_pgqueue.admin.forms import BlockedEventsMoveForm, ResetCheckpointForm
 from django_pgqueue.exceptions import SubscriptionError
 from django_pgqueue.models import StreamEvent, Subscription, SubscriptionState
-from django_pgqueue.models.streams import LAG_COUNT_CAP
+from django_pgqueue.models.streams import LAG_COUNT_CAP, SubscriptionQuerySet
 from django_pgqueue.streams import subscribers, subscriptions
 
-POSITION_MAX = 2**63 - 1
-
-AFTER, BEGINNING, END = "position", "beginning", "end"
-
-
-class ResetCheckpointForm(forms.Form):
-    """Where the selected subscriptions go on from; the position is checked
-    against the stored events of each one's stream."""
-
-    target = forms.ChoiceField(
-        choices=[
-            (AFTER, "After the event at a position (events after it are delivered)"),
-            (BEGINNING, "The beginning: deliver every stored event again"),
-            (END, "The end: pass over every event published so far"),
-        ],
-        initial=AFTER,
-        widget=forms.RadioSelect,
-    )
-    position = forms.IntegerField(
-        required=False,
-        min_value=0,
-        max_value=POSITION_MAX,
-        error_messages={
-            "invalid": "Give the position as a whole number, such as 1042.",
-            "min_value": "A position is 0 (the beginning) or more.",
-            "max_value": "No event has a position that large.",
-        },
-        help_text="The position of a stored event of the subscription's stream (see the "
-        "stream events); 0 is the beginning.",
-    )
-
-    def __init__(self, *args, streams=(), **kwargs):
-        super().__init__(*args, **kwargs)
-        self.streams = sorted(set(streams))
-
-    def clean(self):
-        data = super().clean()
-        if data.get("target") != AFTER:
-            data["position"] = data.get("target")
-            return data
-        position = data.get("position")
-        if position is None:
-            if "position" not in self.errors:
-                self.add_error("position", "Give the position to go on after.")
-            return data
-        for stream in self.streams:
-            try:
-                subscriptions.checkpoint_for(stream, position)
-            except SubscriptionError as exc:
-                self.add_error("position", str(exc).capitalize() + ".")
-        return data
-
-
-def _log(request, rows, message):
-    LogEntry.objects.log_actions(request.user.pk, list(rows), CHANGE, message)
+Subscriptions = QuerySet[Subscription]
 
 
 @admin.register(Subscription)
-class SubscriptionAdmin(NulFreeLookupsMixin, admin.ModelAdmin):
+class SubscriptionAdmin(PgQueueModelAdmin):
     list_display = [
         "name",
         "stream",
@@ -124,18 +78,18 @@ class SubscriptionAdmin(NulFreeLookupsMixin, admin.ModelAdmin):
         "created_at",
         "updated_at",
     ]
-    fields = readonly_fields
+    fields = list(readonly_fields)
 
-    def get_queryset(self, request):
-        return super().get_queryset(request).using(conf.get("DATABASE")).with_lag()
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return cast(SubscriptionQuerySet, super().get_queryset(request)).with_lag()
 
-    def has_add_permission(self, request):
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_change_permission(self, request, obj=None):
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # read only: the actions change subscriptions
 
-    def has_delete_permission(self, request, obj=None):
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         # Only a subscription no subscriber serves any more (it would hold
         # back the retention of its stream's events), one at a time (no
         # "delete selected"): a registered one would be created again and
@@ -144,15 +98,15 @@ class SubscriptionAdmin(NulFreeLookupsMixin, admin.ModelAdmin):
             return False
         return super().has_delete_permission(request, obj)
 
-    def has_pause_permission(self, request):
-        return request.user.has_perm(f"{self.opts.app_label}.pause_subscription")
+    def has_pause_permission(self, request: HttpRequest) -> bool:
+        return self.user_may(request, "pause")
 
-    def has_reset_permission(self, request):
-        return request.user.has_perm(f"{self.opts.app_label}.reset_subscription")
+    def has_reset_permission(self, request: HttpRequest) -> bool:
+        return self.user_may(request, "reset")
 
     @admin.display(description="state", ordering="state")
-    def state_display(self, obj):
-        colors = {
+    def state_display(self, obj: Subscription) -> str:
+        colors: dict[str, str] = {
             SubscriptionState.ACTIVE: "#2e7d32",
             SubscriptionState.RETRYING: "#b26a00",
             SubscriptionState.BLOCKED: "#c62828",
@@ -163,30 +117,34 @@ class SubscriptionAdmin(NulFreeLookupsMixin, admin.ModelAdmin):
         )
 
     @admin.display(description="registered", boolean=True)
-    def registered(self, obj):
+    def registered(self, obj: Subscription) -> bool:
         return subscribers.lookup(obj.name) is not None
 
     @admin.display(description="head", ordering="head_position")
-    def head_position_display(self, obj):
+    def head_position_display(self, obj: Any) -> Any:
         return obj.head_position or "-"
 
     @admin.display(description="lag (events)", ordering="lag")
-    def lag_display(self, obj):
+    def lag_display(self, obj: Any) -> str:
         return f"{obj.lag:,}+" if obj.lag >= LAG_COUNT_CAP else f"{obj.lag:,}"
 
     @admin.display(description="behind since", ordering="oldest_pending_at")
-    def behind(self, obj):
+    def behind(self, obj: Any) -> Any:
         return obj.oldest_pending_at or "-"
 
-    @admin.display(description="last error")
-    def last_error_short(self, obj):
-        return _short(obj.last_error)
+    last_error_short = shown("last_error", short, "last error")
+    last_error_full = shown("last_error", preformatted, "last error")
 
-    @admin.display(description="last error")
-    def last_error_full(self, obj):
-        return format_html("<pre>{}</pre>", obj.last_error) if obj.last_error else "-"
+    # --- the actions ----------------------------------------------------------------
 
-    def _run(self, request, queryset, change, done, what):
+    def _run(
+        self,
+        request: HttpRequest,
+        queryset: Subscriptions,
+        change: Callable[[list[str]], object],
+        done: str,
+        what: str,
+    ) -> None:
         """Run ``change`` (a function of subscriptions.py) over the selection
         and report; a SubscriptionError is shown, not raised."""
         names = list(queryset.order_by("name").values_list("name", flat=True))
@@ -197,47 +155,24 @@ class SubscriptionAdmin(NulFreeLookupsMixin, admin.ModelAdmin):
         except SubscriptionError as exc:  # the ones before it are changed
             self.message_user(request, f"{str(exc).capitalize()}.", messages.ERROR)
         changed = [row for row in rows if row.updated_at != before.get(row.name)]
-        _log(request, changed, what)
+        log_rows(request, changed, what)
         level = messages.SUCCESS if changed else messages.WARNING
         self.message_user(
             request, f"{done} {len(changed)} of {len(names)} selected subscription(s).", level
         )
 
     @admin.action(description="Pause", permissions=["pause"])
-    def pause(self, request, queryset):
+    def pause(self, request: HttpRequest, queryset: Subscriptions) -> None:
         self._run(request, queryset, subscriptions.pause, "Paused", "Paused (admin action)")
 
     @admin.action(description="Resume (deliver again, fresh attempts)", permissions=["pause"])
-    def resume(self, request, queryset):
+    def resume(self, request: HttpRequest, queryset: Subscriptions) -> None:
         self._run(request, queryset, subscriptions.resume, "Resumed", "Resumed (admin action)")
 
     @admin.action(description="Reset the checkpoint…", permissions=["reset"])
-    def reset_checkpoint(self, request, queryset):
-        streams = queryset.values_list("stream", flat=True)
-        if request.POST.get("apply"):
-            form = ResetCheckpointForm(request.POST, streams=streams)
-        else:
-            failing = queryset.values_list("failing_position", flat=True).first()
-            form = ResetCheckpointForm(initial={"position": failing}, streams=streams)
-        if not form.is_bound or not form.is_valid():
-            rows = ", ".join(
-                f"{row.name} at position {row.checkpoint_position} (head "
-                f"{row.head_position or '-'}, {row.lag} behind)"
-                for row in queryset.order_by("name")[:10]
-            )
-            return _intermediate_page(
-                self,
-                request,
-                queryset,
-                "reset_checkpoint",
-                form,
-                title="Reset the checkpoint of subscriptions",
-                summary=f"{queryset.count()} subscription(s): {rows}. Going back delivers "
-                "events again (their handlers run again); going forward passes events over "
-                "without delivering them. Retrying and blocked subscriptions become active.",
-                submit_label="Reset the checkpoint",
-            )
-        position = form.cleaned_data["position"]
+    @asks_first(ResetCheckpointForm)
+    def reset_checkpoint(self, request: HttpRequest, queryset: Subscriptions, data: Data) -> None:
+        position = data["position"]
         self._run(
             request,
             queryset,
@@ -245,26 +180,13 @@ class SubscriptionAdmin(NulFreeLookupsMixin, admin.ModelAdmin):
             "Reset",
             f"Checkpoint reset to {position} (admin action)",
         )
-        return None
 
     @admin.action(description="Move the blocked event to the dead letters…", permissions=["reset"])
-    def dead_letter_blocked(self, request, queryset):
-        form = _applied_form(request, DeadLetterMoveForm)
-        if not form.is_bound or not form.is_valid():
-            blocked = queryset.filter(state=SubscriptionState.BLOCKED).count()
-            return _intermediate_page(
-                self,
-                request,
-                queryset,
-                "dead_letter_blocked",
-                form,
-                title="Move blocked events to the dead letters",
-                summary=f"{blocked} of the {queryset.count()} selected subscription(s) are "
-                "blocked: the event each stopped at goes to the dead letters with the category "
-                "chosen here, and the subscription goes on after it. The others are skipped.",
-                submit_label="Move to dead letters",
-            )
-        category, by = form.cleaned_data["category"], request.user.get_username()
+    @asks_first(BlockedEventsMoveForm)
+    def dead_letter_blocked(
+        self, request: HttpRequest, queryset: Subscriptions, data: Data
+    ) -> None:
+        category, by = data["category"], request.user.get_username()
         self._run(
             request,
             queryset,
@@ -272,36 +194,23 @@ class SubscriptionAdmin(NulFreeLookupsMixin, admin.ModelAdmin):
             "Moved the blocked event of",
             f"Blocked event moved to the dead letters as {category} (admin action)",
         )
-        return None
 
 
 @admin.register(StreamEvent)
-class StreamEventAdmin(NulFreeLookupsMixin, admin.ModelAdmin):
+class StreamEventAdmin(ShowsJSON, ReadOnlyModelAdmin):
     """Read only: events are published by code and deleted by retention."""
 
     list_display = ["position", "stream", "key", "created_at", "xid"]
     search_fields = ["=stream", "=key", "=position"]
     ordering = ["-position"]
     show_full_result_count = False
-    fields = ["position", "stream", "key", "xid", "created_at", "payload_json", "headers_json"]
-    readonly_fields = fields
-
-    def get_queryset(self, request):
-        return super().get_queryset(request).using(conf.get("DATABASE"))
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
-    @admin.display(description="payload")
-    def payload_json(self, obj):
-        return _pretty_json(obj.payload)
-
-    @admin.display(description="headers")
-    def headers_json(self, obj):
-        return _pretty_json(obj.headers)
+    readonly_fields = [
+        "position",
+        "stream",
+        "key",
+        "xid",
+        "created_at",
+        "payload_json",
+        "headers_json",
+    ]
+    fields = list(readonly_fields)

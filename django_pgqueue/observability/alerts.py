@@ -62,9 +62,13 @@ Delivery, its failures and the secrecy of the webhook's headers: see
 ``handlers.py``.
 """
 
+from __future__ import annotations
+
 import logging
 import re
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 from urllib.parse import urlencode
 
 from django.db import connections, transaction
@@ -72,7 +76,8 @@ from django.urls import reverse
 
 from django_pgqueue import conf
 from django_pgqueue.enqueuing import enqueue
-from django_pgqueue.models import AlertState
+from django_pgqueue.models import AlertState, DeadLetter, Message
+from django_pgqueue.text import first_line
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +126,9 @@ class Verdict:
     suppressed: int
 
 
-def suppression(topic, category, now=None, using=None):
+def suppression(
+    topic: str, category: str, now: datetime | None = None, using: str | None = None
+) -> Verdict:
     """Count a dead letter of ``topic`` and ``category`` against its alert
     window, in one statement (see SUPPRESS_SQL); returns the Verdict.
 
@@ -142,7 +149,7 @@ def suppression(topic, category, now=None, using=None):
     return Verdict(send=send, suppressed=previous if send else current)
 
 
-def on_dead_lettered(sender, dead_letter=None, **kwargs):
+def on_dead_lettered(sender: Any, dead_letter: Any = None, **kwargs: Any) -> None:
     """Receiver of ``dead_lettered``: raise an alert; never raises itself."""
     try:
         raise_alert(dead_letter)
@@ -155,7 +162,7 @@ def on_dead_lettered(sender, dead_letter=None, **kwargs):
         )
 
 
-def raise_alert(dead_letter, now=None):
+def raise_alert(dead_letter: DeadLetter, now: datetime | None = None) -> Message | None:
     """Enqueue the alert for ``dead_letter`` unless alerts are off, it is an
     alert itself, or its window suppresses it. Returns the alert's Message,
     or None.
@@ -163,24 +170,14 @@ def raise_alert(dead_letter, now=None):
     if conf.get("ALERT_WEBHOOK_URL") is None or dead_letter.topic == conf.ALERT_TOPIC:
         return None
     using = conf.get("DATABASE")
-    extra = {
-        "dead_letter_id": dead_letter.pk,
-        "topic": dead_letter.topic,
-        "category": dead_letter.category,
-    }
     # The window's update and the alert commit together: a window is never
     # spent on an alert that was not queued.
     with transaction.atomic(using=using):
         verdict = suppression(dead_letter.topic, dead_letter.category, now=now, using=using)
         if not verdict.send:
-            logger.info(
-                "Dead letter id=%s topic=%s category=%s: alert suppressed (%s in this window)",
-                dead_letter.pk,
-                dead_letter.topic,
-                dead_letter.category,
-                verdict.suppressed,
-                extra={**extra, "state": "alert_suppressed", "suppressed": verdict.suppressed},
-            )
+            held = verdict.suppressed
+            what = f"alert suppressed ({held} in this window)"
+            _log(dead_letter, "alert_suppressed", what, suppressed=held)
             return None
         message = enqueue(
             conf.ALERT_TOPIC,
@@ -189,24 +186,37 @@ def raise_alert(dead_letter, now=None):
             max_attempts=1 + conf.get("ALERT_WEBHOOK_RETRIES"),
             using=using,
         )
-    logger.info(
-        "Dead letter id=%s topic=%s category=%s: alert queued as message id=%s "
-        "(%s held back before it)",
-        dead_letter.pk,
-        dead_letter.topic,
-        dead_letter.category,
-        message.pk,
-        verdict.suppressed,
-        extra={**extra, "state": "alert_queued", "message_id": message.pk},
+    _log(
+        dead_letter,
+        "alert_queued",
+        f"alert queued as message id={message.pk} ({verdict.suppressed} held back before it)",
+        message_id=message.pk,
     )
     return message
 
 
-def build_payload(dead_letter, suppressed):
+def _log(dead_letter: DeadLetter, state: str, what: str, **extra: Any) -> None:
+    """One INFO line on ``dead_letter``'s alert: ``what`` became of it."""
+    logger.info(
+        "Dead letter id=%s topic=%s category=%s: %s",
+        dead_letter.pk,
+        dead_letter.topic,
+        dead_letter.category,
+        what,
+        extra={
+            "dead_letter_id": dead_letter.pk,
+            "topic": dead_letter.topic,
+            "category": dead_letter.category,
+            "state": state,
+            **extra,
+        },
+    )
+
+
+def build_payload(dead_letter: DeadLetter, suppressed: int) -> dict[str, Any]:
     """The alert's JSON object (see the module docstring)."""
     count = 1 + suppressed
-    lines = (dead_letter.reason or "").strip().splitlines()
-    reason = lines[0] if lines else ""
+    reason = first_line(dead_letter.reason)
     if len(reason) > REASON_MAX_LENGTH:
         reason = reason[: REASON_MAX_LENGTH - 1] + "…"
     at = dead_letter.dead_lettered_at
@@ -248,12 +258,12 @@ _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 ZERO_WIDTH_SPACE = "\u200b"
 
 
-def slack_escape(text):
+def slack_escape(text: str) -> str:
     """``text`` with ``&``, ``<`` and ``>`` escaped (Slack's mrkdwn)."""
     return text.translate(_SLACK_ESCAPES)
 
 
-def chat_text(value):
+def chat_text(value: object) -> str:
     """``value`` (a topic, queue, reason: anything a client or an exception
     wrote) made inert in a chat message's text, where it would otherwise
     ping or link: Slack's ``<!channel>``, ``<!here>``, ``<@U123>``,
@@ -267,7 +277,7 @@ def chat_text(value):
     return value.replace("](", "]" + ZERO_WIDTH_SPACE + "(")
 
 
-def admin_url(dead_letter, count):
+def admin_url(dead_letter: DeadLetter, count: int) -> str:
     """The admin page an alert links to: the dead letter itself when the
     alert stands for it alone, else the dead letters of its topic and
     category. "" when the admin's URLs cannot be reversed."""

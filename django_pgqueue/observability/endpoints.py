@@ -1,6 +1,7 @@
 """What the metrics and health endpoints share: the bearer-token check of the
 URLs of ``django_pgqueue.urls`` (``views.py``) and of a worker's own
-``--metrics-port`` and ``--health-port``, and the servers behind those ports.
+``--metrics-port`` and ``--health-port``, and the servers behind those ports
+(the health port's own is ``health.WorkerHealthServer``).
 
 A worker's port follows the URL's access setting (``METRICS_ACCESS``,
 ``HEALTH_ACCESS``) where it can: "token" asks for ``Authorization: Bearer
@@ -9,15 +10,20 @@ answer whoever can connect: the port listens on ``WORKER_HTTP_HOST`` (or
 ``--http-host``), loopback by default.
 """
 
+from __future__ import annotations
+
 import hmac
 import ipaddress
 import logging
 import socket
+import threading
 from http.server import HTTPServer
-from socketserver import ThreadingMixIn
+from socketserver import TCPServer, ThreadingMixIn
+from typing import Any, cast
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from django_pgqueue import conf
+from django_pgqueue.observability.metrics import WorkerMetrics, client
 
 logger = logging.getLogger(__name__)
 
@@ -73,18 +79,19 @@ def url(host, port):
     return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
 
-class _AnyFamily:
-    """A socketserver mixin: listens on an IPv4 or an IPv6 address, or on
+class _AnyFamily(TCPServer):
+    """A socketserver base: listens on an IPv4 or an IPv6 address, or on
     the first address a host name resolves to (the stdlib servers are
     IPv4-only). A name that does not resolve raises OSError (socket.gaierror)."""
 
-    def __init__(self, server_address, *args, **kwargs):
+    def __init__(self, server_address: tuple[str, int], *args: Any, **kwargs: Any) -> None:
         host, port = server_address
         family, _, _, _, address = socket.getaddrinfo(
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )[0]
         self.address_family = family
-        super().__init__(address, *args, **kwargs)
+        # A stream socket's address: (host, port), or IPv6's (host, port, flowinfo, scope).
+        super().__init__(cast("tuple[str, int]", address), *args, **kwargs)
 
 
 class WorkerHTTPServer(_AnyFamily, HTTPServer):
@@ -117,3 +124,31 @@ def guarded_wsgi_app(app, setting):
         return [body]
 
     return guarded
+
+
+class MetricsServer:
+    """A worker's ``--metrics-port``: its WorkerMetrics' registry over HTTP,
+    served on a daemon thread, a thread per request.
+
+    It listens on ``host`` (default ``PGQUEUE["WORKER_HTTP_HOST"]``, loopback)
+    and asks for the bearer token when METRICS_ACCESS is "token".
+    prometheus_client's own server cannot check a token, so its WSGI app is
+    served behind that check."""
+
+    def __init__(self, metrics: WorkerMetrics, port: int, host: str | None = None) -> None:
+        app = guarded_wsgi_app(client().make_wsgi_app(metrics.registry), "METRICS_ACCESS")
+        self._server = WorkerWSGIServer(
+            (host or conf.get("WORKER_HTTP_HOST"), port), QuietWSGIRequestHandler
+        )
+        self._server.set_app(app)
+        threading.Thread(
+            target=self._server.serve_forever, name="pgqueue-metrics", daemon=True
+        ).start()
+
+    @property
+    def port(self) -> int:
+        return self._server.server_port
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -1,31 +1,30 @@
-"""Prometheus metrics, through the official ``prometheus_client`` (the
-``[prometheus]`` extra).
+"""What a worker reports as Prometheus metrics, through the official
+``prometheus_client`` (the ``[prometheus]`` extra).
 
-Two sources, never mixed:
+``WorkerMetrics`` counts what one worker process did (messages by topic and
+outcome, handler durations, claims, start latency, reconnects) in a
+registry of its own, served on the worker's ``--metrics-port``
+(``endpoints.MetricsServer``). Prometheus adds the ``instance`` label that
+tells the workers apart. ``NullMetrics`` takes the same reports and keeps
+nothing: what a worker reports to without ``--metrics-port``.
 
-- ``DatabaseCollector`` reads the queue tables at scrape time. Its figures
-  are the truth whatever the number of workers, so serve it from one place
-  (the web process, ``django_pgqueue.urls``), not from every worker.
-- ``WorkerMetrics`` counts what one worker process did (messages by topic
-  and outcome, handler durations, claims, start latency, reconnects) in a
-  registry of its own, served on the worker's ``--metrics-port``. Prometheus
-  adds the ``instance`` label that tells the workers apart.
+The worker and the stream thread report here, so this module stands below
+them and imports nothing of django-pgqueue. The figures read from the queue
+tables at scrape time are ``scrape.py``'s.
 
-Both are imported lazily: without prometheus_client installed, everything
-else in django-pgqueue works, and asking for metrics says what to install.
+prometheus_client is imported when a WorkerMetrics is made: without it,
+everything else in django-pgqueue works, and asking for metrics says what
+to install.
 """
 
-import logging
-import threading
+from __future__ import annotations
+
 import time
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any, Protocol
 
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DatabaseError
-
-from django_pgqueue import conf
-from django_pgqueue.observability import endpoints, stats
-
-logger = logging.getLogger(__name__)
 
 INSTALL_HINT = "pip install 'django-pgqueue[prometheus]'"
 
@@ -50,7 +49,8 @@ LATENCY_BUCKETS = (
 BATCH_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, float("inf"))
 
 
-def _client():
+def client() -> ModuleType:
+    """The prometheus_client module, or ImproperlyConfigured that says what to install."""
     try:
         import prometheus_client
     except ImportError as exc:
@@ -60,242 +60,113 @@ def _client():
     return prometheus_client
 
 
-class DatabaseCollector:
-    """Gauges computed from the queue tables when Prometheus scrapes.
+class Reporter(Protocol):
+    """What a worker reports, whether or not anything keeps it."""
 
-    Every configured queue (``PGQUEUE["QUEUES"]``) is reported even when
-    empty, so "no worker" and "backlog" alerts see it. When the database
-    cannot be read, only ``pgqueue_database_up 0`` is reported.
-    """
+    def claimed(self, count: int, seconds: float) -> None: ...
 
-    def describe(self):
-        # Registering must not query the database; names are checked in tests.
-        return []
+    def started(self, message: Any) -> None: ...
 
-    def collect(self):
-        from prometheus_client.core import GaugeMetricFamily
+    def finished(self, message: Any, outcome: str, duration: float | None = None) -> None: ...
 
-        up = GaugeMetricFamily(
-            "pgqueue_database_up", "1 if the queue database answered this scrape, else 0."
-        )
-        try:
-            configured = conf.queues()
-            messages = stats.messages_by_queue_topic_state()
-            oldest = stats.oldest_ready_age()
-            dead = stats.dead_letters_by_topic_category_state()
-            live = stats.live_workers_by_queue()
-            subscriptions = stats.subscriptions_with_lag()  # streams
-        except DatabaseError as exc:
-            logger.warning("Metrics: the queue database cannot be read: %s", exc)
-            up.add_metric([], 0)
-            yield up
-            return
-        up.add_metric([], 1)
-        yield up
+    def reconnected(self, connection: str) -> None: ...
 
-        family = GaugeMetricFamily(
-            "pgqueue_messages",
-            "Messages in the queue table by queue, topic and state "
-            "(ready, delayed, blocked, processing).",
-            labels=["queue", "topic", "state"],
-        )
-        for queue, topic, state, count in messages:
-            family.add_metric([queue, topic, state], count)
-        yield family
-
-        family = GaugeMetricFamily(
-            "pgqueue_oldest_ready_age_seconds",
-            "Seconds the longest-ready message of each queue has waited for a worker "
-            "(0 when none is ready).",
-            labels=["queue"],
-        )
-        for queue in sorted(set(configured) | set(oldest)):
-            family.add_metric([queue], oldest.get(queue, 0.0))
-        yield family
-
-        family = GaugeMetricFamily(
-            "pgqueue_dead_letters",
-            "Dead letters by topic, category and state (new, revived, resolved).",
-            labels=["topic", "category", "state"],
-        )
-        for topic, category, state, count in dead:
-            family.add_metric([topic, category, state], count)
-        yield family
-
-        family = GaugeMetricFamily(
-            "pgqueue_workers_alive",
-            "Workers with a fresh heartbeat that serve each queue.",
-            labels=["queue"],
-        )
-        for queue in sorted(set(configured) | set(live)):
-            family.add_metric([queue], live.get(queue, 0))
-        yield family
-        yield from _subscription_families(subscriptions)
-
-
-# --- streams (the transactional outbox) -------------------------------------------------
-
-
-def _subscription_families(subscriptions):
-    """Each subscription's lag (events and seconds behind the head of its
-    stream) and state."""
-    from prometheus_client.core import GaugeMetricFamily
-
-    from django_pgqueue.models.streams import SubscriptionState
-
-    labels = ["subscription", "stream"]
-    events = GaugeMetricFamily(
-        "pgqueue_subscription_lag_events",
-        "Events of the stream after the subscription's checkpoint (counted up to 1,000,000).",
-        labels=labels,
-    )
-    seconds = GaugeMetricFamily(
-        "pgqueue_subscription_lag_seconds",
-        "Seconds since the oldest event the subscription has not passed was published "
-        "(0 when it is caught up).",
-        labels=labels,
-    )
-    states = GaugeMetricFamily(
-        "pgqueue_subscription_state",
-        "1 for the subscription's state (active, retrying, blocked, paused), else 0.",
-        labels=[*labels, "state"],
-    )
-    for row in subscriptions:
-        events.add_metric([row.name, row.stream], row.lag)
-        behind = 0.0
-        if row.oldest_pending_at is not None:
-            behind = max((row.now - row.oldest_pending_at).total_seconds(), 0.0)
-        seconds.add_metric([row.name, row.stream], behind)
-        for state in SubscriptionState.values:
-            states.add_metric([row.name, row.stream, state], int(row.state == state))
-    yield events
-    yield seconds
-    yield states
-
-
-def render_database_metrics():
-    """The database metrics in the Prometheus text format: (body, content type)."""
-    client = _client()
-    registry = client.CollectorRegistry(auto_describe=False)
-    registry.register(DatabaseCollector())
-    return client.generate_latest(registry), client.CONTENT_TYPE_LATEST
+    def track_inflight(self, count: Callable[[], int]) -> None: ...
 
 
 class WorkerMetrics:
     """One worker process's counters and histograms, in a registry of its own
     (several workers in one process, as in tests, do not collide)."""
 
-    def __init__(self):
-        client = _client()
-        self.registry = client.CollectorRegistry()
-        self._server = None
-        self.messages = client.Counter(
+    def __init__(self) -> None:
+        prometheus = client()
+        self.registry = prometheus.CollectorRegistry()
+        self.messages = prometheus.Counter(
             "pgqueue_worker_messages",
             "Messages this worker finished, by topic and outcome (done, retried, dead_lettered).",
             ["topic", "outcome"],
             registry=self.registry,
         )
-        self.handler_duration = client.Histogram(
+        self.handler_duration = self._histogram(
             "pgqueue_worker_handler_duration_seconds",
             "Seconds a handler ran, by topic (successes and failures).",
-            ["topic"],
-            buckets=DURATION_BUCKETS,
-            registry=self.registry,
+            DURATION_BUCKETS,
+            labels=("topic",),
         )
-        self.claim_batch = client.Histogram(
-            "pgqueue_worker_claim_batch_size",
-            "Messages one claim returned.",
-            buckets=BATCH_BUCKETS,
-            registry=self.registry,
+        self.claim_batch = self._histogram(
+            "pgqueue_worker_claim_batch_size", "Messages one claim returned.", BATCH_BUCKETS
         )
-        self.claim_duration = client.Histogram(
+        self.claim_duration = self._histogram(
             "pgqueue_worker_claim_duration_seconds",
             "Seconds one claim (a single transaction) took.",
-            buckets=CLAIM_BUCKETS,
-            registry=self.registry,
+            CLAIM_BUCKETS,
         )
-        self.start_latency = client.Histogram(
+        self.start_latency = self._histogram(
             "pgqueue_worker_start_latency_seconds",
             "Seconds from a message being ready (enqueued, or its run_at when delayed "
             "or retried) to its handler starting, by queue.",
-            ["queue"],
-            buckets=LATENCY_BUCKETS,
-            registry=self.registry,
+            LATENCY_BUCKETS,
+            labels=("queue",),
         )
-        self.reconnects = client.Counter(
+        self.reconnects = prometheus.Counter(
             "pgqueue_worker_reconnects",
             "Database errors after which a connection of this worker was reopened, "
             "by connection (loop, listener, heartbeat).",
             ["connection"],
             registry=self.registry,
         )
-        self.inflight = client.Gauge(
+        self.inflight = prometheus.Gauge(
             "pgqueue_worker_inflight",
             "Messages this worker's handlers hold now.",
             registry=self.registry,
         )
 
-    # --- what the worker reports ---------------------------------------------
+    def _histogram(
+        self,
+        name: str,
+        documentation: str,
+        buckets: tuple[float, ...],
+        labels: tuple[str, ...] = (),
+    ) -> Any:
+        return client().Histogram(
+            name, documentation, labels, buckets=buckets, registry=self.registry
+        )
 
-    def claimed(self, count, seconds):
+    def claimed(self, count: int, seconds: float) -> None:
         self.claim_batch.observe(count)
         self.claim_duration.observe(seconds)
 
-    def started(self, message):
+    def started(self, message: Any) -> None:
         waited = time.time() - message.run_at.timestamp()
         self.start_latency.labels(message.queue).observe(max(waited, 0.0))
 
-    def finished(self, message, outcome, duration=None):
+    def finished(self, message: Any, outcome: str, duration: float | None = None) -> None:
         self.messages.labels(message.topic, outcome).inc()
         if duration is not None:
             self.handler_duration.labels(message.topic).observe(duration)
 
-    def reconnected(self, connection):
+    def reconnected(self, connection: str) -> None:
         self.reconnects.labels(connection).inc()
 
-    def track_inflight(self, count):
+    def track_inflight(self, count: Callable[[], int]) -> None:
         """``count``: a callable returning the number of messages held."""
         self.inflight.set_function(count)
-
-    # --- serving ----------------------------------------------------------------
-
-    def serve(self, port, host=None):
-        """Serve this registry over HTTP on a daemon thread; returns the port.
-
-        It listens on ``host`` (default ``PGQUEUE["WORKER_HTTP_HOST"]``,
-        loopback) and asks for the bearer token when METRICS_ACCESS is
-        "token" (see ``endpoints``). prometheus_client's own server cannot
-        check a token, so its WSGI app is served behind that check."""
-        app = endpoints.guarded_wsgi_app(_client().make_wsgi_app(self.registry), "METRICS_ACCESS")
-        server = endpoints.WorkerWSGIServer(
-            (host or conf.get("WORKER_HTTP_HOST"), port), endpoints.QuietWSGIRequestHandler
-        )
-        server.set_app(app)
-        threading.Thread(target=server.serve_forever, name="pgqueue-metrics", daemon=True).start()
-        self._server = server
-        return server.server_port
-
-    def close(self):
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
 
 
 class NullMetrics:
     """What a worker reports to when no --metrics-port was asked for."""
 
-    def claimed(self, count, seconds):
+    def claimed(self, count: int, seconds: float) -> None:
         pass
 
-    def started(self, message):
+    def started(self, message: Any) -> None:
         pass
 
-    def finished(self, message, outcome, duration=None):
+    def finished(self, message: Any, outcome: str, duration: float | None = None) -> None:
         pass
 
-    def reconnected(self, connection):
+    def reconnected(self, connection: str) -> None:
         pass
 
-    def track_inflight(self, count):
+    def track_inflight(self, count: Callable[[], int]) -> None:
         pass

@@ -1,20 +1,26 @@
 """Read-only aggregates over the queue tables, one query each.
 
 They run on the queue's database (``PGQUEUE["DATABASE"]``), write nothing
-and take no locks, so the admin summary (and later the status command,
-metrics and health) may call them as often as it likes. Each returns plain
-Python values, sorted, so callers and tests need no ORM.
+and take no locks, so the admin summary, the status command, the metrics
+and the health check may call them as often as they like. Each returns
+values in a stable order: plain tuples and dicts, or (``workers``,
+``subscriptions_with_lag``) rows with the annotations they are read for.
 """
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
 
 from django.db.models import BooleanField, Case, Count, ExpressionWrapper, Min, Q, Value, When
 from django.db.models.functions import Now
 from django.utils import timezone
 
 from django_pgqueue import conf
-from django_pgqueue.models import DeadLetter, Message, Status, WorkerHeartbeat
+from django_pgqueue.models import DeadLetter, Message, Status, Subscription, WorkerHeartbeat
 
 
-def dead_letters_by_topic_and_category(state=None):
+def dead_letters_by_topic_and_category(state: str | None = None) -> list[tuple[str, str, int]]:
     """``[(topic, category, count), ...]`` of the dead letters, by topic then
     category; only those in ``state`` (a DeadLetterState) when given."""
     rows = DeadLetter.objects.using(conf.database_alias())
@@ -28,7 +34,7 @@ def dead_letters_by_topic_and_category(state=None):
     ]
 
 
-def queue_depth_by_status():
+def queue_depth_by_status() -> list[tuple[str, str, int]]:
     """``[(queue, status, count), ...]`` of the messages in the queue table
     (waiting, delayed or not, and processing), by queue then status."""
     return [
@@ -40,7 +46,7 @@ def queue_depth_by_status():
     ]
 
 
-def oldest_ready_age(now=None):
+def oldest_ready_age(now: datetime.datetime | None = None) -> dict[str, float]:
     """``{queue: seconds}``: for each queue with a ready message (waiting,
     ``run_at <= now``), how long the one ready longest has been ready, that is
     ``now - run_at``: the wait a worker has not yet picked up. A queue with no
@@ -63,7 +69,9 @@ def oldest_ready_age(now=None):
 READY, DELAYED, BLOCKED, PROCESSING = "ready", "delayed", "blocked", "processing"
 
 
-def messages_by_queue_topic_state(now=None):
+def messages_by_queue_topic_state(
+    now: datetime.datetime | None = None,
+) -> list[tuple[str, str, str, int]]:
     """``[(queue, topic, state, count), ...]`` of the queue table, with state
     one of ready (waiting, due), delayed (waiting for its run_at: a delay or a
     retry's backoff), blocked (behind an earlier message of its group) and
@@ -85,38 +93,45 @@ def messages_by_queue_topic_state(now=None):
     return [(row["queue"], row["topic"], row["state"], row["count"]) for row in rows]
 
 
-def dead_letters_by_topic_category_state(queues=None):
+def dead_letters_by_topic_category_state(
+    queues: list[str] | None = None,
+) -> list[tuple[str, str, str, int]]:
     """``[(topic, category, state, count), ...]`` of the dead letters, sorted;
     only those of ``queues`` when given."""
     rows = DeadLetter.objects.using(conf.database_alias())
     if queues is not None:
         rows = rows.filter(queue__in=queues)
-    rows = (
+    counts = (
         rows.values("topic", "category", "state")
         .annotate(count=Count("id"))
         .order_by("topic", "category", "state")
     )
-    return [(row["topic"], row["category"], row["state"], row["count"]) for row in rows]
+    return [(row["topic"], row["category"], row["state"], row["count"]) for row in counts]
 
 
-def workers():
+def workers() -> list[Any]:
     """The worker table's rows, each with ``alive`` (its heartbeat is fresh
     by the database's clock) and ``heartbeat_age`` (seconds), newest first."""
     rows = WorkerHeartbeat.objects.using(conf.database_alias()).annotate(
         alive=ExpressionWrapper(Q(expires_at__gt=Now()), output_field=BooleanField()),
         now=Now(),
     )
-    result = list(rows.order_by("-heartbeat_at", "worker_id"))
+    result: list[Any] = list(rows.order_by("-heartbeat_at", "worker_id"))
     for row in result:
         row.heartbeat_age = max((row.now - row.heartbeat_at).total_seconds(), 0.0)
     return result
 
 
-def live_workers_by_queue():
+def live_workers_by_queue() -> dict[str, int]:
     """``{queue: number of alive workers serving it}``; queues no alive worker
     serves are absent."""
-    counts = {}
-    for row in workers():
+    return live_by_queue(workers())
+
+
+def live_by_queue(rows: list[Any]) -> dict[str, int]:
+    """``{queue: number of alive workers serving it}`` among ``rows`` (of ``workers()``)."""
+    counts: dict[str, int] = {}
+    for row in rows:
         if row.alive:
             for queue in row.queues:
                 counts[queue] = counts.get(queue, 0) + 1
@@ -126,13 +141,11 @@ def live_workers_by_queue():
 # --- streams (the transactional outbox) -------------------------------------------------
 
 
-def subscriptions_with_lag():
+def subscriptions_with_lag() -> list[Any]:
     """Every subscription, by name, with ``head_position``, ``lag`` (events
-    after its checkpoint, at most stream_models.LAG_COUNT_CAP) and
+    after its checkpoint, at most models.streams.LAG_COUNT_CAP) and
     ``oldest_pending_at`` (when the first of them was published, or None),
     plus ``now`` (the database's clock)."""
-    from django_pgqueue.models import Subscription
-
     return list(
         Subscription.objects.using(conf.database_alias())
         .with_lag()

@@ -11,9 +11,8 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
 
 from django_pgqueue import conf
-from django_pgqueue.observability import endpoints
+from django_pgqueue.observability import endpoints, scrape
 from django_pgqueue.observability import health as health_checks
-from django_pgqueue.observability import metrics as prometheus
 
 
 def _refusal(request, setting):
@@ -43,7 +42,7 @@ def metrics(request):
     refusal = _refusal(request, "METRICS_ACCESS")
     if refusal is not None:
         return refusal
-    body, content_type = prometheus.render_database_metrics()
+    body, content_type = scrape.render_database_metrics()
     return HttpResponse(body, content_type=content_type)
 
 

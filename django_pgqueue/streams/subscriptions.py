@@ -36,11 +36,12 @@ from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from django_pgqueue import conf, lifecycle, signals
+from django_pgqueue import conf, signals, sql
 from django_pgqueue.exceptions import SubscriptionError
 from django_pgqueue.models import DeadLetter, StreamEvent
 from django_pgqueue.models.streams import Subscription, SubscriptionState
 from django_pgqueue.streams.subscribers import END
+from django_pgqueue.text import first_line
 
 logger = logging.getLogger(__name__)
 
@@ -181,10 +182,9 @@ def block(batch, position, attempts, reason):
     """Stop at the event at ``position`` until an operator acts."""
     _save(batch, state=SubscriptionState.BLOCKED, attempts=attempts,
           failing_position=position, last_error=reason, retry_at=None)  # fmt: skip
-    first_line = reason.splitlines()[0] if reason else ""
     batch.signals.append(
         (signals.subscription_blocked, {"sender": Subscription, "subscription": batch.name,
-         "stream": batch.stream, "position": position, "error": first_line})
+         "stream": batch.stream, "position": position, "error": first_line(reason)})
     )  # fmt: skip
 
 
@@ -207,16 +207,15 @@ def dead_letter_event(batch, position, attempts, category, reason, traceback="")
         message_id=position,
         queue=conf.get("DEFAULT_QUEUE"),
         topic=event.stream,
-        payload={},  # copied below, in the server
-        headers={},
         category=category,
         reason=reason,
         traceback=traceback,
         attempts=attempts,
-        first_failed_at=now,
-        last_failed_at=now,
-        dead_lettered_at=now,
         worker=batch.worker,
+        # first_failed_at too: a subscription keeps no time of its first failure.
+        **dict.fromkeys(["first_failed_at", "last_failed_at", "dead_lettered_at"], now),
+        payload={},  # both copied below, in the server
+        headers={},
     )
     table = _table(StreamEvent)
     extra = json.dumps({SUBSCRIPTION_HEADER: batch.name, POSITION_HEADER: position})
@@ -235,7 +234,7 @@ def dead_letter_event(batch, position, attempts, category, reason, traceback="")
     _save(batch, last_error=reason, **ACTIVE)
     logger.error(
         "Subscription %s: event position=%s of stream %s dead-lettered as %s: %s",
-        *(batch.name, position, event.stream, category, reason.splitlines()[0] if reason else ""),
+        *(batch.name, position, event.stream, category, first_line(reason)),
         extra={"subscription": batch.name, "position": position, "state": "dead_lettered"},
     )
     batch.signals.append(
@@ -251,7 +250,7 @@ def _save(batch, **fields):
     clock = batch.now or Now()
     if batch.done:
         fields.update(delivered=F("delivered") + batch.done, delivered_at=clock)
-    lifecycle.set_limits(conf.database_alias())  # after the subscriber: its queries never get them
+    sql.set_limits(conf.database_alias())  # after the subscriber: its queries never get them
     changed = (
         Subscription.objects.using(conf.database_alias())
         .filter(pk=batch.id, checkpoint_xid=batch.xid, checkpoint_position=batch.position)
@@ -381,7 +380,7 @@ def _names(subscriptions):
 def _locked(name):
     """The subscription's row, read once its lock is held (in a transaction)."""
     using = conf.database_alias()
-    lifecycle.set_limits(using)
+    sql.set_limits(using)
     rows = Subscription.objects.using(using)
     pk = rows.filter(name=name).values_list("pk", flat=True).first()
     if pk is None:

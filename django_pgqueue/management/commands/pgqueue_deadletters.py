@@ -32,9 +32,18 @@ from django_pgqueue.management.options import (
     text_list,
     topic_name,
 )
+from django_pgqueue.management.output import cell
 from django_pgqueue.models import Category, DeadLetterState
+from django_pgqueue.text import first_line
 
-FILTERS = ("topic", "category", "state", "since", "ids")
+# The filter options, and the argument of deadletters.select each one gives.
+FILTERS = {
+    "topic": "topics",
+    "category": "categories",
+    "state": "states",
+    "since": "since",
+    "ids": "ids",
+}
 
 _AGE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
 _AGE_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
@@ -216,13 +225,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, action, **options):
         try:
-            selected = deadletters.select(
-                topics=options["topic"],
-                categories=options["category"],
-                states=options["state"],
-                since=options["since"],
-                ids=options["ids"],
-            )
+            selected = deadletters.select(**{arg: options[name] for name, arg in FILTERS.items()})
             if action == "list":
                 self._list(selected, options["limit"], options["json"])
                 return
@@ -269,20 +272,14 @@ class Command(BaseCommand):
         for row in rows:
             when = timezone.localtime(row.dead_lettered_at).strftime("%Y-%m-%d %H:%M")
             values = (row.pk, when, row.state, row.category, row.topic, row.queue, row.attempts)
-            cells = [_cell(value, width) for value, (_, width) in zip(values, COLUMNS, strict=True)]
-            reason = row.reason.splitlines()[0] if row.reason else ""
-            self.stdout.write(" ".join(cells) + " " + _cell(reason, 60).rstrip())
+            cells = [
+                cell(value, width).ljust(width)
+                for value, (_, width) in zip(values, COLUMNS, strict=True)
+            ]
+            self.stdout.write(" ".join(cells) + " " + cell(first_line(row.reason), 60).rstrip())
         shown = f"{len(rows)} of {total}" if len(rows) < total else f"{total}"
         more = " (--limit shows more)" if len(rows) < total else ""
         self.stdout.write(f"{shown} dead letter{'' if total == 1 else 's'}{more}")
-
-
-def _cell(value, width):
-    # Topics and reasons come from other programs: no control characters to the terminal.
-    text = "".join(c if c.isprintable() else "?" for c in str(value))
-    if len(text) > width:
-        text = text[: width - 1] + "…"
-    return text.ljust(width)
 
 
 def _as_dict(row):

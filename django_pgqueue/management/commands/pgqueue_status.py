@@ -10,12 +10,15 @@ report is written; one CRITICAL line per crossing on stderr, like
 database unreachable or not migrated, a failing system check).
 """
 
+from __future__ import annotations
+
+import argparse
 import json
 import sys
+from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, SystemCheckError
 from django.db import DatabaseError, OperationalError
-from django.utils import timezone
 
 from django_pgqueue import conf
 from django_pgqueue.management.options import (
@@ -24,46 +27,28 @@ from django_pgqueue.management.options import (
     queue_name,
     seconds_or_zero,
 )
+from django_pgqueue.management.output import Columns, age, one_line, plural, seconds
 from django_pgqueue.models import DeadLetterState, SubscriptionState
 from django_pgqueue.models.streams import LAG_COUNT_CAP
-from django_pgqueue.observability import stats
+from django_pgqueue.observability import stats, status
+from django_pgqueue.observability.status import STATES
+from django_pgqueue.text import first_line
 
-STATES = (stats.READY, stats.DELAYED, stats.BLOCKED, stats.PROCESSING)
-
-# The columns of each section: (title, width, alignment); numbers and ages
-# are right-aligned under their titles.
-QUEUE_COLUMNS = (
-    ("QUEUE / TOPIC", 34, "<"),
-    ("READY", 9, ">"),
-    ("DELAYED", 9, ">"),
-    ("BLOCKED", 9, ">"),
-    ("PROCESSING", 10, ">"),
-    ("OLDEST READY", 12, ">"),
-    ("WORKERS", 7, ">"),
+QUEUE_COLUMNS = Columns(
+    ["QUEUE / TOPIC", "READY", "DELAYED", "BLOCKED", "PROCESSING", "OLDEST READY", "WORKERS"],
+    "<34 >9 >9 >9 >10 >12 >7",
 )
-DEAD_LETTER_COLUMNS = (
-    ("TOPIC", 44, "<"),
-    ("CATEGORY", 10, "<"),
-    *((state.upper(), 9, ">") for state in DeadLetterState.values),
+DEAD_LETTER_COLUMNS = Columns(
+    ["TOPIC", "CATEGORY", *(state.upper() for state in DeadLetterState.values)],
+    "<44 <10" + " >9" * len(DeadLetterState.values),
 )
-WORKER_COLUMNS = (
-    ("ID", 26, "<"),
-    ("HOST", 14, "<"),
-    ("PID", 7, ">"),
-    ("QUEUES", 14, "<"),
-    ("STATE", 5, "<"),
-    ("HEARTBEAT", 9, ">"),
-    ("INFLIGHT", 8, ">"),
-    ("PROCESSED", 9, ">"),
+WORKER_COLUMNS = Columns(
+    ["ID", "HOST", "PID", "QUEUES", "STATE", "HEARTBEAT", "INFLIGHT", "PROCESSED"],
+    "<26 <14 >7 <14 <5 >9 >8 >9",
 )
-SUBSCRIPTION_COLUMNS = (
-    ("NAME", 26, "<"),
-    ("STREAM", 20, "<"),
-    ("STATE", 8, "<"),
-    ("CHECKPOINT", 10, ">"),
-    ("LAG", 8, ">"),
-    ("OLDEST", 7, ">"),
-    ("WHY", 100, "<"),  # last: long enough for an error's first line
+SUBSCRIPTION_COLUMNS = Columns(
+    ["NAME", "STREAM", "STATE", "CHECKPOINT", "LAG", "OLDEST", "WHY"],
+    "<26 <20 <8 >10 >8 >7 <100",  # WHY last: long enough for an error's first line
 )
 
 
@@ -78,7 +63,7 @@ class Command(BaseCommand):
         "database unreachable or not migrated, a failing system check)."
     )
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             "--queue",
             action="append",
@@ -117,26 +102,26 @@ class Command(BaseCommand):
             help="fewer than N live workers serve a configured (or --queue) queue",
         )
 
-    def execute(self, *args, **options):
+    def execute(self, *args: Any, **options: Any) -> str | None:
         try:
             return super().execute(*args, **options)
         except SystemCheckError as exc:
             exc.returncode = 2  # 1 means a threshold was crossed; this is "cannot run"
             raise
 
-    def handle(self, *args, queues=None, **options):
+    def handle(self, *args: Any, queues: list[str] | None = None, **options: Any) -> None:
         selected = list(dict.fromkeys(queues)) if queues else None
         alias = conf.get("DATABASE")
         try:
-            report = _report(selected)
+            report = status.report(selected)
         except OperationalError as exc:
             raise CommandError(
-                f"cannot reach the queue database {alias!r}: {_one_line(exc)}", returncode=2
+                f"cannot reach the queue database {alias!r}: {one_line(exc)}", returncode=2
             ) from exc
         except DatabaseError as exc:
             raise CommandError(
                 f"cannot read the queue tables in database {alias!r} "
-                f"(has manage.py migrate run?): {_one_line(exc)}",
+                f"(has manage.py migrate run?): {one_line(exc)}",
                 returncode=2,
             ) from exc
 
@@ -146,180 +131,85 @@ class Command(BaseCommand):
         if options["json"]:
             self.stdout.write(json.dumps(report, indent=2))
         else:
-            self._text(report)
+            for line in _text(report):
+                self.stdout.write(line)
         for threshold, line in checked:
             if threshold["crossed"]:
                 self.stderr.write(f"CRITICAL: {line}")
         if not report["ok"]:
             sys.exit(1)
 
-    # --- text -----------------------------------------------------------------------
 
-    def _text(self, report):
-        write = self.stdout.write
-        write("Queues")
-        write(_header(QUEUE_COLUMNS))
-        for name, queue in report["queues"].items():
-            age = _age(queue["oldest_ready_age_seconds"])
-            counts = [queue[state] for state in STATES]
-            write(_row(QUEUE_COLUMNS, [name, *counts, age, queue["workers_alive"]]))
-            for topic, topic_counts in queue["topics"].items():
-                counts = [topic_counts[state] for state in STATES]
-                write(_row(QUEUE_COLUMNS[: 1 + len(STATES)], ["  " + topic, *counts]))
-
-        write("")
-        write("Dead letters")
-        by_pair = {}
-        for row in report["dead_letters"]:
-            by_pair.setdefault((row["topic"], row["category"]), {})[row["state"]] = row["count"]
-        if by_pair:
-            write(_header(DEAD_LETTER_COLUMNS))
-            for (topic, category), by_state in by_pair.items():
-                counts = [by_state.get(state, 0) for state in DeadLetterState.values]
-                write(_row(DEAD_LETTER_COLUMNS, [topic, category, *counts]))
-        else:
-            write("no dead letters")
-
-        write("")
-        write("Workers")
-        if report["workers"]:
-            write(_header(WORKER_COLUMNS))
-            for worker in report["workers"]:
-                values = [
-                    worker["worker_id"],
-                    worker["hostname"],
-                    worker["pid"],
-                    ",".join(worker["queues"]),
-                    "alive" if worker["alive"] else "stale",
-                    _age(worker["heartbeat_age_seconds"]),
-                    worker["inflight"],
-                    worker["processed"],
-                ]
-                write(_row(WORKER_COLUMNS, values))
-        else:
-            write("no workers")
-
-        write("")
-        write("Subscriptions")
-        if report["subscriptions"]:
-            write(_header(SUBSCRIPTION_COLUMNS))
-            for row in report["subscriptions"]:
-                lag = f"{row['lag']}+" if row["lag"] >= LAG_COUNT_CAP else row["lag"]
-                oldest = row["oldest_pending_age_seconds"]
-                values = [
-                    row["name"],
-                    row["stream"],
-                    row["state"],
-                    row["checkpoint_position"],
-                    lag,
-                    "" if oldest is None else _age(oldest),
-                    _why(row),
-                ]
-                write(_row(SUBSCRIPTION_COLUMNS, values))
-        else:
-            write("no subscriptions")
+# --- text -------------------------------------------------------------------------------
 
 
-# --- the report -------------------------------------------------------------------------
-
-
-def _report(selected):
-    """Everything the command shows, as JSON-ready values; ``selected`` is the
-    --queue list, or None for the configured queues and any other in use."""
-    now = timezone.now()  # one instant for the ready/delayed split and the ages
-    messages = stats.messages_by_queue_topic_state(now=now)
-    ages = stats.oldest_ready_age(now=now)
-    workers = stats.workers()
-    dead_letters = stats.dead_letters_by_topic_category_state(selected)
-    subscriptions = stats.subscriptions_with_lag()  # streams have no queue: never --queue'd
-
-    if selected is not None:
-        workers = [w for w in workers if set(w.queues) & set(selected)]
-    # Live workers by queue, from the same rows as the Workers section (as
-    # stats.live_workers_by_queue() counts them, without a second query).
-    alive = {}
-    for worker in workers:
-        if worker.alive:
-            for name in worker.queues:
-                alive[name] = alive.get(name, 0) + 1
-
-    if selected is not None:
-        names = selected
+def _text(report: dict[str, Any]) -> list[str]:
+    """The report as the lines of four tables."""
+    lines = ["Queues", QUEUE_COLUMNS.header()]
+    for name, queue in report["queues"].items():
+        counts = [queue[state] for state in STATES]
+        oldest = age(queue["oldest_ready_age_seconds"])
+        lines.append(QUEUE_COLUMNS.row([name, *counts, oldest, queue["workers_alive"]]))
+        for topic, topic_counts in queue["topics"].items():
+            lines.append(QUEUE_COLUMNS.row(["  " + topic, *(topic_counts[s] for s in STATES)]))
+    lines += ["", "Dead letters", *_dead_letter_lines(report["dead_letters"])]
+    lines += ["", "Workers"]
+    if report["workers"]:
+        lines.append(WORKER_COLUMNS.header())
+        lines += [WORKER_COLUMNS.row(_worker_cells(worker)) for worker in report["workers"]]
     else:
-        configured = conf.queues()
-        in_use = {row[0] for row in messages} | set(alive)
-        names = configured + sorted(in_use - set(configured))
-
-    queues = {
-        name: {
-            **dict.fromkeys(STATES, 0),
-            "oldest_ready_age_seconds": round(ages.get(name, 0.0), 3),
-            "workers_alive": alive.get(name, 0),
-            "topics": {},
-        }
-        for name in names
-    }
-    for name, topic, state, number in messages:
-        if name in queues:
-            queues[name][state] += number
-            topics = queues[name]["topics"]
-            topics.setdefault(topic, dict.fromkeys(STATES, 0))[state] = number
-
-    return {
-        "queues": queues,
-        "dead_letters": [
-            {"topic": topic, "category": category, "state": state, "count": number}
-            for topic, category, state, number in dead_letters
-        ],
-        "workers": [_worker(w) for w in workers],
-        "subscriptions": [_subscription(row) for row in subscriptions],
-    }
+        lines.append("no workers")
+    lines += ["", "Subscriptions"]
+    if report["subscriptions"]:
+        lines.append(SUBSCRIPTION_COLUMNS.header())
+        for row in report["subscriptions"]:
+            lines.append(SUBSCRIPTION_COLUMNS.row(_subscription_cells(row)))
+    else:
+        lines.append("no subscriptions")
+    return lines
 
 
-def _worker(row):
-    return {
-        "worker_id": row.worker_id,
-        "hostname": row.hostname,
-        "pid": row.pid,
-        "queues": list(row.queues),
-        "concurrency": row.concurrency,
-        "alive": row.alive,
-        "heartbeat_at": row.heartbeat_at.isoformat(),
-        "heartbeat_age_seconds": round(row.heartbeat_age, 3),
-        "inflight": row.inflight,
-        "processed": row.processed,
-        "started_at": row.started_at.isoformat(),
-    }
+def _dead_letter_lines(dead_letters: list[dict[str, Any]]) -> list[str]:
+    """A row per topic and category, a column per state."""
+    by_pair: dict[tuple[str, str], dict[str, int]] = {}
+    for row in dead_letters:
+        by_pair.setdefault((row["topic"], row["category"]), {})[row["state"]] = row["count"]
+    if not by_pair:
+        return ["no dead letters"]
+    lines = [DEAD_LETTER_COLUMNS.header()]
+    for (topic, category), by_state in by_pair.items():
+        counts = [by_state.get(state, 0) for state in DeadLetterState.values]
+        lines.append(DEAD_LETTER_COLUMNS.row([topic, category, *counts]))
+    return lines
 
 
-def _subscription(row):
-    # last_error is kept after the subscription recovers: it explains the
-    # state only while the subscription is retrying or blocked.
-    failing = row.state in (SubscriptionState.RETRYING, SubscriptionState.BLOCKED)
-    oldest = row.oldest_pending_at
-    retry_at = row.retry_at if row.state == SubscriptionState.RETRYING else None
-    return {
-        "name": row.name,
-        "stream": row.stream,
-        "state": row.state,
-        "checkpoint_position": row.checkpoint_position,
-        "head_position": row.head_position,
-        "lag": row.lag,  # committed events after the checkpoint, up to LAG_COUNT_CAP
-        "oldest_pending_age_seconds": (
-            None if oldest is None else round(max((row.now - oldest).total_seconds(), 0.0), 3)
-        ),
-        "delivered": row.delivered,
-        "failing_position": row.failing_position if failing else None,
-        "attempts": row.attempts,  # failed attempts at failing_position
-        "retry_at": retry_at.isoformat() if retry_at else None,
-        "retry_in_seconds": (
-            round(max((retry_at - row.now).total_seconds(), 0.0), 3) if retry_at else None
-        ),
-        "error": row.last_error if failing else None,
-    }
+def _worker_cells(worker: dict[str, Any]) -> list[object]:
+    return [
+        worker["worker_id"],
+        worker["hostname"],
+        worker["pid"],
+        ",".join(worker["queues"]),
+        "alive" if worker["alive"] else "stale",
+        age(worker["heartbeat_age_seconds"]),
+        worker["inflight"],
+        worker["processed"],
+    ]
 
 
-def _why(row):
+def _subscription_cells(row: dict[str, Any]) -> list[object]:
+    oldest = row["oldest_pending_age_seconds"]
+    return [
+        row["name"],
+        row["stream"],
+        row["state"],
+        row["checkpoint_position"],
+        f"{row['lag']}+" if row["lag"] >= LAG_COUNT_CAP else row["lag"],
+        "" if oldest is None else age(oldest),
+        _why(row),
+    ]
+
+
+def _why(row: dict[str, Any]) -> str:
     """Why a subscription does not deliver: paused, or the event it is blocked
     at or retrying, and the first line of its error."""
     if row["state"] == SubscriptionState.PAUSED:
@@ -328,22 +218,26 @@ def _why(row):
         return ""
     where = f"event {row['failing_position']}"
     if row["state"] == SubscriptionState.RETRYING:
-        where += f", attempt {row['attempts'] + 1} in {_age(row['retry_in_seconds'] or 0)}"
+        where += f", attempt {row['attempts'] + 1} in {age(row['retry_in_seconds'] or 0)}"
     else:
-        where += f" failed {_plural(row['attempts'], 'attempt')}"
-    return f"{where}: {_first_line(row['error'])}"
+        where += f" failed {plural(row['attempts'], 'attempt')}"
+    return f"{where}: {first_line(row['error'])}"
 
 
 # --- thresholds -------------------------------------------------------------------------
 
 
-def _thresholds(report, selected, options):
+def _thresholds(
+    report: dict[str, Any], selected: list[str] | None, options: dict[str, Any]
+) -> list[tuple[dict[str, Any], str]]:
     """``[(threshold, line), ...]``: each threshold given, for each queue it
     applies to, with the CRITICAL line to print if it is crossed."""
     checked = []
 
-    def check(name, limit, value, crossed, line, queue=None):
-        threshold = {"name": name, "limit": limit, "value": value}
+    def check(
+        name: str, limit: float, value: float, crossed: bool, line: str, queue: str | None = None
+    ) -> None:
+        threshold: dict[str, Any] = {"name": name, "limit": limit, "value": value}
         if queue is not None:
             threshold["queue"] = queue
         threshold["crossed"] = crossed
@@ -354,17 +248,17 @@ def _thresholds(report, selected, options):
     if limit is not None:
         for name, queue in queues.items():
             ready = queue[stats.READY]
-            line = f"queue {name!r} has {_plural(ready, 'ready message')} (limit {limit})"
+            line = f"queue {name!r} has {plural(ready, 'ready message')} (limit {limit})"
             check("max_ready", limit, ready, ready > limit, line, name)
     limit = options["max_age"]
     if limit is not None:
         for name, queue in queues.items():
-            age = queue["oldest_ready_age_seconds"]
+            waited = queue["oldest_ready_age_seconds"]
             line = (
-                f"queue {name!r} has a message ready for {_seconds(age)} seconds and not "
-                f"yet claimed (limit {_seconds(limit)})"
+                f"queue {name!r} has a message ready for {seconds(waited)} seconds and not "
+                f"yet claimed (limit {seconds(limit)})"
             )
-            check("max_age", limit, age, age > limit, line, name)
+            check("max_age", limit, waited, waited > limit, line, name)
     limit = options["max_dead_letters"]
     if limit is not None:
         new = sum(
@@ -375,68 +269,12 @@ def _thresholds(report, selected, options):
             where = f" in queue{'' if len(selected) == 1 else 's'} " + ", ".join(
                 map(repr, selected)
             )
-        line = f"{_plural(new, 'new dead letter')}{where} (limit {limit})"
+        line = f"{plural(new, 'new dead letter')}{where} (limit {limit})"
         check("max_dead_letters", limit, new, new > limit, line)
     limit = options["min_workers"]
     if limit is not None:
         for name in selected if selected is not None else conf.queues():
             alive = queues[name]["workers_alive"]
-            line = f"queue {name!r} has {_plural(alive, 'live worker')} (minimum {limit})"
+            line = f"queue {name!r} has {plural(alive, 'live worker')} (minimum {limit})"
             check("min_workers", limit, alive, alive < limit, line, name)
     return checked
-
-
-# --- formatting -------------------------------------------------------------------------
-
-
-def _seconds(value):
-    """312.5, 300: seconds without a trailing .0 (nor an exponent)."""
-    return f"{value:.3f}".rstrip("0").rstrip(".")
-
-
-def _plural(number, noun):
-    return f"{number} {noun}{'' if number == 1 else 's'}"
-
-
-def _age(seconds):
-    """12s, 5m 03s, 2h 05m, 3d 04h: short and readable; JSON has the exact seconds."""
-    seconds = int(seconds)
-    if seconds < 60:
-        return f"{seconds}s"
-    minutes, seconds = divmod(seconds, 60)
-    if minutes < 60:
-        return f"{minutes}m {seconds:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 24:
-        return f"{hours}h {minutes:02d}m"
-    days, hours = divmod(hours, 24)
-    return f"{days}d {hours:02d}h"
-
-
-def _header(columns):
-    return _row(columns, [title for title, _, _ in columns])
-
-
-def _row(columns, values):
-    cells = []
-    for (_, width, align), value in zip(columns, values, strict=True):
-        text = _cell(value, width)
-        cells.append(text.rjust(width) if align == ">" else text.ljust(width))
-    return " ".join(cells).rstrip()
-
-
-def _cell(value, width):
-    # Names and hosts come from the database: no control characters to the terminal.
-    text = "".join(c if c.isprintable() else "?" for c in str(value))
-    if len(text) > width:
-        text = text[: width - 1] + "…"
-    return text
-
-
-def _one_line(exc):
-    return " ".join(str(exc).split())
-
-
-def _first_line(text):
-    lines = (text or "").strip().splitlines()
-    return lines[0] if lines else ""

@@ -16,6 +16,7 @@ from django_pgqueue.management.options import free_text
 from django_pgqueue.models.streams import LAG_COUNT_CAP
 from django_pgqueue.observability import stats
 from django_pgqueue.streams import subscriptions
+from django_pgqueue.text import first_line
 
 
 def target(text):
@@ -72,8 +73,7 @@ class Command(BaseCommand):
         self.stdout.write(header)
         for row in stats.subscriptions_with_lag():
             lag = f"{row.lag}+" if row.lag >= LAG_COUNT_CAP else str(row.lag)
-            error = (row.last_error or "").strip().splitlines()
             self.stdout.write(
                 f"{row.name:<32} {row.stream:<24} {row.state:<9} {row.checkpoint_position:>12} "
-                f"{lag:>9}  {error[0][:60] if error else ''}".rstrip()
+                f"{lag:>9}  {first_line(row.last_error)[:60]}".rstrip()
             )

@@ -21,6 +21,7 @@ from django_pgqueue.management.options import (
     up_to,
 )
 from django_pgqueue.observability import endpoints
+from django_pgqueue.observability.endpoints import MetricsServer
 from django_pgqueue.observability.health import WorkerHealthServer
 from django_pgqueue.observability.metrics import WorkerMetrics
 from django_pgqueue.worker import Worker
@@ -183,11 +184,11 @@ class Command(BaseCommand):
         try:
             host = options["http_host"] or conf.get("WORKER_HTTP_HOST")
             if metrics is not None:
-                bound = _listen(
-                    "--metrics-port", lambda: metrics.serve(options["metrics_port"], host)
+                served = _listen(
+                    "--metrics-port", lambda: MetricsServer(metrics, options["metrics_port"], host)
                 )
-                servers.append(metrics)
-                _announce(worker, "metrics", host, bound, "METRICS_ACCESS")
+                servers.append(served)
+                _announce(worker, "metrics", host, served.port, "METRICS_ACCESS")
             if options["health_port"] is not None:
                 health = _listen(
                     "--health-port",

@@ -1,0 +1,108 @@
+"""The status report (``manage.py pgqueue_status``): what the queues hold,
+the dead letters, the workers and the stream subscriptions, as JSON-ready
+values read through ``stats`` at one instant."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils import timezone
+
+from django_pgqueue import conf
+from django_pgqueue.models import SubscriptionState
+from django_pgqueue.observability import stats
+
+# What a message in the queue table is doing, in the report's order.
+STATES = (stats.READY, stats.DELAYED, stats.BLOCKED, stats.PROCESSING)
+
+
+def report(selected: list[str] | None) -> dict[str, Any]:
+    """Everything the command shows, as JSON-ready values; ``selected`` is the
+    --queue list, or None for the configured queues and any other in use."""
+    now = timezone.now()  # one instant for the ready/delayed split and the ages
+    messages = stats.messages_by_queue_topic_state(now=now)
+    ages = stats.oldest_ready_age(now=now)
+    workers = stats.workers()
+    dead_letters = stats.dead_letters_by_topic_category_state(selected)
+    subscriptions = stats.subscriptions_with_lag()  # streams have no queue: never --queue'd
+
+    if selected is not None:
+        workers = [w for w in workers if set(w.queues) & set(selected)]
+    # Live workers by queue, from the same rows as the Workers section
+    # (without a second query).
+    alive = stats.live_by_queue(workers)
+
+    if selected is not None:
+        names = selected
+    else:
+        configured = conf.queues()
+        in_use = {row[0] for row in messages} | set(alive)
+        names = configured + sorted(in_use - set(configured))
+
+    queues: dict[str, dict[str, Any]] = {
+        name: {
+            **dict.fromkeys(STATES, 0),
+            "oldest_ready_age_seconds": round(ages.get(name, 0.0), 3),
+            "workers_alive": alive.get(name, 0),
+            "topics": {},
+        }
+        for name in names
+    }
+    for name, topic, state, number in messages:
+        if name in queues:
+            queues[name][state] += number
+            topics = queues[name]["topics"]
+            topics.setdefault(topic, dict.fromkeys(STATES, 0))[state] = number
+
+    return {
+        "queues": queues,
+        "dead_letters": [
+            {"topic": topic, "category": category, "state": state, "count": number}
+            for topic, category, state, number in dead_letters
+        ],
+        "workers": [_worker(w) for w in workers],
+        "subscriptions": [_subscription(row) for row in subscriptions],
+    }
+
+
+def _worker(row: Any) -> dict[str, Any]:
+    return {
+        "worker_id": row.worker_id,
+        "hostname": row.hostname,
+        "pid": row.pid,
+        "queues": list(row.queues),
+        "concurrency": row.concurrency,
+        "alive": row.alive,
+        "heartbeat_at": row.heartbeat_at.isoformat(),
+        "heartbeat_age_seconds": round(row.heartbeat_age, 3),
+        "inflight": row.inflight,
+        "processed": row.processed,
+        "started_at": row.started_at.isoformat(),
+    }
+
+
+def _subscription(row: Any) -> dict[str, Any]:
+    # last_error is kept after the subscription recovers: it explains the
+    # state only while the subscription is retrying or blocked.
+    failing = row.state in (SubscriptionState.RETRYING, SubscriptionState.BLOCKED)
+    oldest = row.oldest_pending_at
+    retry_at = row.retry_at if row.state == SubscriptionState.RETRYING else None
+    return {
+        "name": row.name,
+        "stream": row.stream,
+        "state": row.state,
+        "checkpoint_position": row.checkpoint_position,
+        "head_position": row.head_position,
+        "lag": row.lag,  # committed events after the checkpoint, up to LAG_COUNT_CAP
+        "oldest_pending_age_seconds": (
+            None if oldest is None else round(max((row.now - oldest).total_seconds(), 0.0), 3)
+        ),
+        "delivered": row.delivered,
+        "failing_position": row.failing_position if failing else None,
+        "attempts": row.attempts,  # failed attempts at failing_position
+        "retry_at": retry_at.isoformat() if retry_at else None,
+        "retry_in_seconds": (
+            round(max((retry_at - row.now).total_seconds(), 0.0), 3) if retry_at else None
+        ),
+        "error": row.last_error if failing else None,
+    }
