@@ -6,7 +6,8 @@ The worker's main thread does, per cycle: claim up to min(free slots,
 the finished ones (atomic=False). With no-op handlers that cycle is the
 whole cost, so this loop, run in-process on the bench database, predicts
 what one worker can do at a given claim size, and compares the current
-``lifecycle.claim`` + ``lifecycle.ack_many`` with a one-statement
+claim and acknowledgement (as the worker sends them, through
+benchmarks/harness/internals.py) with a one-statement
 alternative (UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED)
 RETURNING, and a plain DELETE ... RETURNING): a prototype for discussion,
 not a replacement.
@@ -27,7 +28,11 @@ import sys
 import time
 import uuid
 
-import throughput as bench
+from harness import db
+from harness.cli import require_bench_database
+from harness.worker import TOPIC_NONATOMIC
+
+DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/pgqueue_bench"
 
 
 def one_statement_sql(table, columns):
@@ -84,15 +89,17 @@ def make_alternative():
 
 
 def fill(n, leased_by_others=0):
-    from django_pgqueue import enqueue_many, lifecycle
+    from harness import internals
 
-    bench.truncate()
+    from django_pgqueue import enqueue_many
+
+    db.truncate()
     total = n + leased_by_others
-    enqueue_many([{"payload": {"n": i}} for i in range(total)], topic=bench.TOPIC_NONATOMIC)
-    bench.execute("VACUUM ANALYZE django_pgqueue_message")
+    enqueue_many([{"payload": {"n": i}} for i in range(total)], topic=TOPIC_NONATOMIC)
+    db.execute("VACUUM ANALYZE django_pgqueue_message")
     for start in range(0, leased_by_others, 100):
         size = min(100, leased_by_others - start)
-        lifecycle.claim(["default"], size, f"other-worker-{start // 100}", 3600)
+        internals.claim(["default"], size, f"other-worker-{start // 100}", 3600)
 
 
 def cycle(label, claim, ack_many, batch, n, leased_by_others=0):
@@ -109,14 +116,14 @@ def cycle(label, claim, ack_many, batch, n, leased_by_others=0):
         finished = ack_many(messages)
         t2 = time.perf_counter()
         if len(finished) != len(messages):
-            raise bench.CheckFailed(f"{label}: {len(messages) - len(finished)} not acknowledged")
+            raise db.CheckFailed(f"{label}: {len(messages) - len(finished)} not acknowledged")
         claim_s += t1 - t0
         ack_s += t2 - t1
         cycles += 1
         done += len(messages)
     total = time.perf_counter() - started
-    if done != n or bench.count("django_pgqueue_message") != leased_by_others:
-        raise bench.CheckFailed(f"{label}: {done} of {n} messages went through the cycle")
+    if done != n or db.count(db.MESSAGE_TABLE) != leased_by_others:
+        raise db.CheckFailed(f"{label}: {done} of {n} messages went through the cycle")
     print(
         f"  {label:34} batch {batch:4}: {done / total:8,.0f} jobs/s   "
         f"claim {1000 * claim_s / cycles:6.2f} ms   ack {1000 * ack_s / cycles:6.2f} ms per cycle"
@@ -133,30 +140,18 @@ def main(argv=None):
         default=0,
         help="messages other workers hold leased during the run (default 0)",
     )
-    parser.add_argument(
-        "--database-url", default=os.environ.get("BENCH_DATABASE_URL", bench.DEFAULT_URL)
-    )
+    parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL", DEFAULT_URL))
     args = parser.parse_args(argv)
     if args.messages < 1 or args.leased_by_others < 0 or min(args.batch) < 1:
         parser.error("--messages and --batch must be at least 1, --leased-by-others at least 0")
-    if "bench" not in bench.database_name(args.database_url):
-        parser.error("the database name must contain 'bench': every run empties its queue")
+    require_bench_database(parser, args.database_url)
     url = args.database_url
-    env = dict(
-        os.environ,
-        DATABASE_URL=url,
-        OTHER_DATABASE_URL=bench.with_database(url, bench.database_name(url) + "_other"),
-        DEBUG="False",
-        DJANGO_SETTINGS_MODULE="testproject.settings",
-        PGQUEUE_LOG_LEVEL="WARNING",
-    )
+    env = db.pgqueue_env(url)
     try:
-        for db in (url, env["OTHER_DATABASE_URL"]):
-            bench.ensure_database(db)
-        bench.migrate(env)
-        os.environ["PGQUEUE_LOG_LEVEL"] = "WARNING"  # lifecycle logs each claim at INFO
-        bench.setup_django(env)
-        from django_pgqueue import lifecycle
+        db.prepare([url, db.other_url(url)], env)
+        os.environ["PGQUEUE_LOG_LEVEL"] = "WARNING"  # the claim logs each message at INFO
+        db.setup_django(env)
+        from harness import internals
 
         alt_claim, alt_ack = make_alternative()
         print(
@@ -164,25 +159,14 @@ def main(argv=None):
             f" {args.leased_by_others} leased by other workers:"
         )
         for batch in args.batch:
-            cycle(
-                "lifecycle.claim + ack_many",
-                lifecycle.claim,
-                lifecycle.ack_many,
-                batch,
-                args.messages,
-                args.leased_by_others,
-            )
-            cycle(
-                "one-statement claim + DELETE",
-                alt_claim,
-                alt_ack,
-                batch,
-                args.messages,
-                args.leased_by_others,
-            )
-        bench.truncate()
+            for label, claim, ack_many in (
+                ("the worker's claim + ack_many", internals.claim, internals.ack_many),
+                ("one-statement claim + DELETE", alt_claim, alt_ack),
+            ):
+                cycle(label, claim, ack_many, batch, args.messages, args.leased_by_others)
+        db.truncate()
         return 0
-    except bench.CheckFailed as exc:
+    except db.CheckFailed as exc:
         print(f"CHECK FAILED: {exc}", file=sys.stderr)
         return 1
 

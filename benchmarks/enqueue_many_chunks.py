@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """enqueue_many() of a large list at several chunk sizes, in turn.
 
-``enqueue_many`` sends more than ``enqueuing.STREAM_CHUNK`` messages as
-several INSERTs of that many rows, pipelined in one transaction (see
-``_insert_stream``): the server inserts one chunk while Python checks the
-next. This times one ``enqueue_many(items, topic=...)`` of ``--messages``
+``enqueue_many`` sends more than ``django_pgqueue.enqueuing.STREAM_CHUNK``
+messages as several INSERTs of that many rows, pipelined in one
+transaction: the server inserts one chunk while Python checks the next.
+This times one ``enqueue_many(items, topic=...)`` of ``--messages``
 (20,000) no-op messages, as ``compare.py`` fills its queue, in a fresh
 process per call (the figure includes what a first call costs), with
 ``STREAM_CHUNK`` set to each of ``--chunks`` in turn, ``--rounds`` (8)
@@ -27,26 +27,23 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import throughput as tp  # noqa: E402  (the database helpers)
+from harness import db
+from harness.cli import positive_ints, require_bench_database
+from harness.machine import git_commit
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/pgqueue_bench_enqueue"
 
 
 def child(chunk, messages):
     """One timed enqueue_many in this (fresh) process; prints its rate."""
-    sys.path.insert(0, str(tp.TESTPROJECT))
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
-    import django
-
-    django.setup()
+    db.setup_django(dict(os.environ, DJANGO_SETTINGS_MODULE="testproject.settings"))
     from django.db import connection
+    from harness import internals
 
-    from django_pgqueue import enqueue_many, enqueuing
+    from django_pgqueue import enqueue_many
 
-    enqueuing.STREAM_CHUNK = chunk
+    internals.set_enqueue_many_chunk(chunk)
     with connection.cursor() as cursor:
         cursor.execute("TRUNCATE django_pgqueue_message")
     items = [{"payload": {"n": i}} for i in range(messages)]
@@ -64,24 +61,12 @@ def child(chunk, messages):
     print(json.dumps({"per_s": messages / seconds}))
 
 
-def positive_list(text):
-    try:
-        values = [int(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"not a comma-separated list of integers: {text!r}"
-        ) from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError("chunk sizes must be at least 1")
-    return values
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--chunks", type=positive_list, default=[500, 1000, 2000])
+    parser.add_argument("--chunks", type=positive_ints, default=[500, 1000, 2000])
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument(
@@ -94,15 +79,11 @@ def main(argv=None):
     if args.child:
         child(*args.child)
         return 0
-    if "bench" not in tp.database_name(args.database_url):
-        parser.error(f"the database {tp.database_name(args.database_url)!r} has no 'bench'")
+    require_bench_database(parser, args.database_url)
     if args.messages < 1 or args.rounds < 1:
         parser.error("--messages and --rounds must be at least 1")
-    other = tp.with_database(args.database_url, tp.database_name(args.database_url) + "_other")
-    env = dict(os.environ, DATABASE_URL=args.database_url, OTHER_DATABASE_URL=other, DEBUG="False")
-    for url in (args.database_url, other):
-        tp.ensure_database(url)
-    tp.migrate(env)
+    env = db.pgqueue_env(args.database_url)
+    db.prepare([args.database_url, db.other_url(args.database_url)], env)
     rates = {chunk: [] for chunk in args.chunks}
     for n in range(args.rounds):
         order = args.chunks[n % len(args.chunks) :] + args.chunks[: n % len(args.chunks)]
@@ -119,7 +100,7 @@ def main(argv=None):
                 return 1
             rates[chunk].append(json.loads(done.stdout.splitlines()[-1])["per_s"])
         print(f"  round {n + 1}/{args.rounds} done", file=sys.stderr)
-    commit = tp.git_commit()
+    commit = git_commit()
     print(f"enqueue_many() of {args.messages:,} messages, a fresh process per call, at {commit}")
     for chunk, values in rates.items():
         shown = ", ".join(f"{v:,.0f}" for v in values)

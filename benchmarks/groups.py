@@ -13,9 +13,10 @@ table of the same size without groups: as many ungrouped messages delayed
 by a day. Then ``VACUUM ANALYZE``. Measured, each ``--repeat`` times in a
 transaction that is rolled back (so every run sees the same table):
 
-- **claim**: the worker's claim of 100 messages (``lifecycle.claim_statement``,
-  the statement the worker sends), under ``EXPLAIN (ANALYZE, BUFFERS)``:
-  its execution time and the shared buffers it touched;
+- **claim**: the worker's claim of 100 messages (the statement the worker
+  sends, captured as it runs: benchmarks/harness/internals.py), under
+  ``EXPLAIN (ANALYZE, BUFFERS)``: its execution time and the shared buffers
+  it touched;
 - **promote**: one group's head deleted (its release row written by the
   trigger, as an acknowledgement does), then ``pgqueue_promote_groups()``,
   which promotes that group's next message: execution time and buffers.
@@ -30,13 +31,9 @@ message table is emptied).
 import argparse
 import os
 import statistics
-import subprocess
-import sys
-from pathlib import Path
 
-import psycopg
+from harness import db
 
-ROOT = Path(__file__).resolve().parents[1]
 READY = 1000
 
 FILL_UNGROUPED = """
@@ -110,7 +107,7 @@ def main(argv=None):
     p.add_argument("--groups", default="0,10,1000,100000", help="group counts (0: no groups)")
     p.add_argument("--repeat", type=int, default=50, help="runs per measurement (median)")
     args = p.parse_args(argv)
-    if "bench" not in args.database.rsplit("/", 1)[-1]:
+    if "bench" not in db.database_name(args.database):
         p.error("--database: the name must contain 'bench' (its tables are emptied)")
     try:
         cases = [int(g) for g in args.groups.split(",")]
@@ -119,33 +116,22 @@ def main(argv=None):
     if any(g < 0 or g > args.blocked for g in cases) or args.blocked < 1 or args.repeat < 1:
         p.error("--groups must be between 0 and --blocked; --blocked and --repeat at least 1")
 
-    server, name = args.database.rsplit("/", 1)
-    with psycopg.connect(f"{server}/postgres", autocommit=True) as admin:
-        if not admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            admin.execute(f'CREATE DATABASE "{name}"')
+    db.ensure_database(args.database)
     env = {**os.environ, "DATABASE_URL": args.database, "DEBUG": "False"}
-    subprocess.run(
-        [sys.executable, str(ROOT / "testproject" / "manage.py"), "migrate", "-v0"],
-        env=env,
-        check=True,
-    )
+    db.migrate(env, databases=["default"])
+    env["DJANGO_SETTINGS_MODULE"] = os.environ.get("DJANGO_SETTINGS_MODULE", "testproject.settings")
+    db.setup_django(env)
+    from harness import internals
+
     # The claim statement as the worker sends it, from the code itself.
-    os.environ.update(env)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
-    sys.path[:0] = [str(ROOT / "testproject"), str(ROOT)]
-    import django
-
-    django.setup()
-    from django_pgqueue import lifecycle
-
-    claim_sql, claim_params = lifecycle.claim_statement("default", "default", 100, "bench")
+    [(claim_sql, claim_params)], _ = internals.claim_statements("default", 100, "bench", 60)
 
     print(
         f"{READY:,} ready ungrouped messages plus {args.blocked:,} grouped ones per case;"
         f" median of {args.repeat} runs, EXPLAIN (ANALYZE, BUFFERS)"
     )
     print(f"  {'groups':>8}  {'claim of 100':>28}  {'one group promoted':>28}")
-    with psycopg.connect(args.database, autocommit=True) as conn:
+    with db.connect(args.database) as conn:
         for groups in cases:
             conn.execute("TRUNCATE django_pgqueue_message, django_pgqueue_grouprelease")
             conn.execute(FILL_UNGROUPED, [READY])

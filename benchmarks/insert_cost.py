@@ -38,33 +38,16 @@ created and migrated through the testproject; its name must contain
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
-from pathlib import Path
 
-import psycopg
+from harness import db
+from harness.machine import proc_cpu_seconds
 from psycopg.types.json import Jsonb
+from scenarios.compare import PEERS
 
-ROOT = Path(__file__).resolve().parents[1]
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-RAW_SCHEMA = """
-DROP TABLE IF EXISTS raw_jobs;
-CREATE TABLE raw_jobs (
-    id bigserial PRIMARY KEY,
-    payload jsonb NOT NULL,
-    created_at timestamptz NOT NULL DEFAULT now()
-);
-CREATE OR REPLACE FUNCTION raw_jobs_notify() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_notify('raw_jobs', '');
-    RETURN NULL;
-END $$;
-CREATE TRIGGER raw_jobs_notify AFTER INSERT ON raw_jobs
-    FOR EACH STATEMENT EXECUTE FUNCTION raw_jobs_notify();
-"""
+sys.path.insert(0, str(PEERS))
+from bench_raw import SCHEMA as RAW_SCHEMA  # noqa: E402  (the raw loop's table, as compare.py's)
 
 INDEXES = {
     "pgqueue_msg_claim_idx": "CREATE INDEX pgqueue_msg_claim_idx ON django_pgqueue_message"
@@ -90,19 +73,15 @@ def payload_only(i):
 
 
 def enqueue_insert(database):
-    """enqueue()'s one-message INSERT (django_pgqueue/producer.py) and its
-    parameters for a message with every option at its default."""
-    sys.path.insert(0, str(ROOT / "testproject"))
-    os.environ.update(DJANGO_SETTINGS_MODULE="testproject.settings", DATABASE_URL=database)
-    import django
+    """enqueue()'s one-message INSERT, captured as it runs, and its parameters
+    (the same for every message: every option at its default)."""
+    db.setup_django(
+        dict(os.environ, DJANGO_SETTINGS_MODULE="testproject.settings", DATABASE_URL=database)
+    )
+    from harness import internals
 
-    django.setup()
-    from django_pgqueue.enqueuing import INSERT_ONE_NO_DEDUP_SQL
-
-    def params(i):
-        return ["default", "bench.noop", f'{{"n": {i}}}', "{}", 0, None, 0.0, None, None, None]
-
-    return INSERT_ONE_NO_DEDUP_SQL.format(table='"django_pgqueue_message"'), params
+    sql, params = internals.enqueue_statement("bench.noop")
+    return sql, lambda i: params
 
 
 CONSTRAINTS_SQL = """
@@ -172,18 +151,10 @@ def backend_cpu_reader(conn):
     """A function returning the CPU seconds of ``conn``'s server process, or
     one returning None when that process is not on this machine."""
     pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
-    path = Path(f"/proc/{pid}/stat")
-    same_machine = conn.info.host in ("127.0.0.1", "localhost", "::1") or conn.info.host.startswith(
-        "/"
-    )
-    if not same_machine or not path.exists():
+    host = conn.info.host
+    if host not in ("127.0.0.1", "localhost", "::1") and not host.startswith("/"):
         return lambda: None
-
-    def read():
-        fields = path.read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
-
-    return read
+    return lambda: proc_cpu_seconds(pid)
 
 
 def main(argv=None):
@@ -193,20 +164,15 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=5, help="turns per variant")
     p.add_argument("--synchronous-commit", choices=["on", "off"], default="on")
     args = p.parse_args(argv)
-    if "bench" not in args.database.rsplit("/", 1)[-1]:
+    if "bench" not in db.database_name(args.database):
         p.error("--database: the name must contain 'bench' (its tables are emptied)")
     if args.n < 1 or args.rounds < 1:
         p.error("--n and --rounds must be at least 1")
-    server, name = args.database.rsplit("/", 1)
-    with psycopg.connect(f"{server}/postgres", autocommit=True) as admin:
-        if not admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            admin.execute(f'CREATE DATABASE "{name}"')
-    subprocess.run(
-        [sys.executable, str(ROOT / "testproject" / "manage.py"), "migrate", "-v0"],
-        env={**os.environ, "DATABASE_URL": args.database, "DEBUG": "False"},
-        check=True,
+    db.ensure_database(args.database)
+    db.migrate(
+        {**os.environ, "DATABASE_URL": args.database, "DEBUG": "False"}, databases=["default"]
     )
-    with psycopg.connect(args.database, autocommit=True) as conn:
+    with db.connect(args.database) as conn:
         conn.execute(RAW_SCHEMA)
         conn.execute(f"SET synchronous_commit = {args.synchronous_commit}")
         cases = variants(conn, args.database)

@@ -62,3 +62,31 @@ def timed(fn):
     started = time.perf_counter()
     fn()
     return time.perf_counter() - started
+
+
+def answer_info(packages, **extra):
+    """The ``info`` operation: the versions of ``packages``, the Python, ``extra``."""
+    from importlib.metadata import version
+
+    emit(
+        {
+            "versions": {name: version(name) for name in packages},
+            "python": sys.version.split()[0],
+            **extra,
+        }
+    )
+
+
+def async_main(doc, argv, packages, run, setup_command, **info):
+    """The main of a client whose operations are coroutines, ``run(args)``:
+    ``info`` lists ``packages`` (and ``info``); the schema is set up by
+    compare.py with ``setup_command``."""
+    import asyncio
+
+    args = parser(doc.split("\n\n")[0]).parse_args(argv)
+    if args.op == "info":
+        answer_info(packages, **info)
+    elif args.op == "setup":
+        raise SystemExit(f"setup: run `{setup_command}` (compare.py does)")
+    else:
+        emit(asyncio.run(run(args)))

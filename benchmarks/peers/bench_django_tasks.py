@@ -11,7 +11,6 @@ call in a loop inside one ``transaction.atomic()``.
 """
 
 import os
-import sys
 
 import _common
 
@@ -27,14 +26,7 @@ def main(argv=None):
     from django.db import connection, transaction
 
     if args.op == "info":
-        from importlib.metadata import version
-
-        _common.emit(
-            {
-                "versions": {n: version(n) for n in ("django", "django-tasks-db", "psycopg")},
-                "python": sys.version.split()[0],
-            }
-        )
+        _common.answer_info(("django", "django-tasks-db", "psycopg"))
     elif args.op == "enqueue-single":
         noop.enqueue(n=-1)  # warm up, not timed
         with connection.cursor() as cursor:

@@ -18,7 +18,11 @@ from pathlib import Path
 
 import _common
 
-TESTPROJECT = Path(__file__).resolve().parents[2] / "testproject"
+# The testproject of the tree under test: this checkout's, or another's
+# (benchmarks/ab.py runs this client against two trees).
+TESTPROJECT = Path(
+    os.environ.get("BENCH_TESTPROJECT") or Path(__file__).resolve().parents[2] / "testproject"
+)
 TOPICS = {"atomic": "bench.noop", "nonatomic": "bench.noop_nonatomic", "latency": "bench.latency"}
 
 
@@ -31,19 +35,16 @@ def main(argv=None):
     django.setup()
     from django.db import connection
 
+    import django_pgqueue
     from django_pgqueue import conf, enqueue, enqueue_many
 
     topic = TOPICS.get(args.variant or "atomic", args.variant)
     if args.op == "info":
-        from importlib.metadata import version
-
-        _common.emit(
-            {
-                "versions": {n: version(n) for n in ("django-pgqueue", "django", "psycopg")},
-                "python": sys.version.split()[0],
-                "poll_interval": conf.get("POLL_INTERVAL"),
-                "heartbeat_interval": conf.get("HEARTBEAT_INTERVAL"),
-            }
+        _common.answer_info(
+            ("django-pgqueue", "django", "psycopg"),
+            poll_interval=conf.get("POLL_INTERVAL"),
+            heartbeat_interval=conf.get("HEARTBEAT_INTERVAL"),
+            location=str(Path(django_pgqueue.__file__).resolve().parent),
         )
     elif args.op == "enqueue-single":
         enqueue(topic, {"n": -1})  # warm up, not timed

@@ -13,7 +13,6 @@ bulk: ``Queries.enqueue([...], [...], [...])``, one statement.
 import asyncio
 import contextlib
 import os
-import sys
 
 import _common
 
@@ -97,22 +96,8 @@ async def run(args):
 
 
 def main(argv=None):
-    args = _common.parser(__doc__.split("\n\n")[0]).parse_args(argv)
-    if args.op == "info":
-        from importlib.metadata import version
-
-        names = ["pgqueuer", "asyncpg" if DRIVER == "asyncpg" else "psycopg"]
-        _common.emit(
-            {
-                "versions": {name: version(name) for name in names},
-                "driver": DRIVER,
-                "python": sys.version.split()[0],
-            }
-        )
-        return
-    if args.op == "setup":
-        raise SystemExit("setup: run `pgq install` (compare.py does)")
-    _common.emit(asyncio.run(run(args)))
+    names = ["pgqueuer", "asyncpg" if DRIVER == "asyncpg" else "psycopg"]
+    _common.async_main(__doc__, argv, names, run, "pgq install", driver=DRIVER)
 
 
 if __name__ == "__main__":

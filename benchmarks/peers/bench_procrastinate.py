@@ -10,7 +10,6 @@ transaction each); bulk: ``task.batch_defer_async(*kwargs)``, one statement.
 """
 
 import asyncio
-import sys
 import time
 
 import _common
@@ -45,20 +44,8 @@ async def run(args):
 
 
 def main(argv=None):
-    args = _common.parser(__doc__.split("\n\n")[0]).parse_args(argv)
-    if args.op == "info":
-        from importlib.metadata import version
-
-        _common.emit(
-            {
-                "versions": {n: version(n) for n in ("procrastinate", "psycopg", "psycopg-pool")},
-                "python": sys.version.split()[0],
-            }
-        )
-        return
-    if args.op == "setup":
-        raise SystemExit("setup: run `procrastinate schema --apply` (compare.py does)")
-    _common.emit(asyncio.run(run(args)))
+    names = ("procrastinate", "psycopg", "psycopg-pool")
+    _common.async_main(__doc__, argv, names, run, "procrastinate schema --apply")
 
 
 if __name__ == "__main__":

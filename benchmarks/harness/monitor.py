@@ -1,0 +1,108 @@
+"""A queue watched while it drains, from a connection of its own."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from harness.db import connect
+from harness.machine import CpuTimes, busy_percent, cpu_times, proc_cpu_seconds
+
+Query = tuple[str, Sequence[Any]]
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, poll: float = 0.02) -> bool:
+    """Poll ``predicate`` until it is true or ``timeout`` seconds passed; its last answer."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(poll)
+    return predicate()
+
+
+class DrainMonitor:
+    """Watches a queue from a connection of its own: when the first job
+    leaves the waiting state (``claimed``, a query true from then on) and
+    when no job is left (``empty``). It polls every ``interval``; with
+    ``adaptive``, once the drain began, every elapsed/200 (at most 100 ms),
+    so a long drain's end is still known to within 0.5% for fewer queries.
+    ``pid``: a process whose CPU time (and the machine's) is read at both
+    moments."""
+
+    def __init__(
+        self,
+        url: str,
+        claimed: Query,
+        empty: Query,
+        *,
+        interval: float = 0.005,
+        adaptive: bool = False,
+        pid: int | None = None,
+    ) -> None:
+        self.conn = connect(url)
+        self.claimed, self.empty_query = claimed, empty
+        self.interval = interval
+        self.adaptive = adaptive
+        self.pid = pid
+        self.first_claim: float | None = None  # time.perf_counter()
+        self.empty: float | None = None
+        self.queries = 0  # one transaction each
+        self.cpu: dict[str, tuple[CpuTimes | None, float | None]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="drain-monitor", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _seen(self, query: Query) -> bool:
+        self.queries += 1
+        row = self.conn.execute(*query).fetchone()
+        return bool(row and row[0])
+
+    def _mark(self, what: str, now: float) -> float:
+        if self.pid is not None:
+            self.cpu[what] = (cpu_times(), proc_cpu_seconds(self.pid))
+        return now
+
+    def _run(self) -> None:
+        while not self._stop.is_set() and self.empty is None:
+            now = time.perf_counter()
+            if self.first_claim is None:
+                if self._seen(self.claimed):
+                    self.first_claim = self._mark("first", now)
+            elif self._seen(self.empty_query):
+                self.empty = self._mark("empty", now)
+            wait = self.interval
+            if self.adaptive and self.first_claim is not None:
+                wait = min(0.1, max(self.interval, (now - self.first_claim) / 200))
+            self._stop.wait(wait)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.conn.close()
+
+    @property
+    def drain_s(self) -> float | None:
+        """First claim to the queue empty, when both were seen."""
+        if self.first_claim is None or self.empty is None:
+            return None
+        return self.empty - self.first_claim
+
+    def process_cpu_percent(self) -> float | None:
+        """``pid``'s CPU time over the drain, as a share of one core."""
+        first, empty = self.cpu.get("first", (None, None)), self.cpu.get("empty", (None, None))
+        a, b = first[1], empty[1]
+        drain = self.drain_s
+        if a is None or b is None or not drain or drain <= 0:
+            return None
+        return 100.0 * (b - a) / drain
+
+    def machine_busy_percent(self) -> float | None:
+        """How busy all cores were during the drain."""
+        return busy_percent(
+            self.cpu.get("first", (None, None))[0], self.cpu.get("empty", (None, None))[0]
+        )

@@ -1,0 +1,155 @@
+"""compare.py's Markdown report: one row per system and variant, the
+commands used, the targets."""
+
+from scenarios.compare import REPEAT_MAX_DRAIN_S
+from scenarios.compare.targets import jobs
+
+
+def fmt_rate(value, run=None):
+    if value is None:
+        return "-"
+    text = f"{value:,.0f}"
+    if run and run.get("timed_out"):
+        text += " (timeout)"
+    elif run and run.get("problems"):
+        text += " (!)"
+    return text
+
+
+def fmt_ratio(value, base):
+    if value is None or not base:
+        return "-"
+    ratio = value / base
+    return f"{ratio:.2f}" if ratio < 10 else f"{ratio:.1f}"
+
+
+def markdown(report):
+    results = report["systems"]
+    by = {r["name"]: r for r in results if r.get("status") == "ok"}
+    raw = by.get("raw", {})
+    raw100 = jobs(raw, "batch100", 1)[0] if raw else None
+    raw100_2 = jobs(raw, "batch100", 2)[0] if raw else None
+    raw_single = raw.get("enqueue_single_per_s")
+    raw_bulk = raw.get("enqueue_bulk_per_s")
+    opts = report["options"]
+    env = report["environment"]
+    out = []
+    out.append(
+        f"{opts['messages']:,} no-op messages per drain, {opts['enqueue_messages']:,} for the "
+        f"one-per-transaction enqueue; {env['cpus']} CPUs, PostgreSQL {env['postgres']} "
+        f"(synchronous_commit={env['synchronous_commit']}), Python {env['python']}, "
+        f"commit {env['commit']}, {report['started_at']}; load average (1 min) at start"
+        f" {env['load_average_at_start'][0]:.1f}, at end {env['load_average_at_end'][0]:.1f}."
+    )
+    out.append("")
+    header = [
+        "system / variant",
+        "drain 1 proc /s",
+        "x raw b100",
+        "drain 2 procs /s",
+        "x raw b100 (2)",
+        "enqueue 1/txn /s",
+        "x raw",
+        "bulk enqueue /s",
+        "x raw",
+        "latency p50 / p95 / p99 ms",
+        "idle queries/s",
+        "peak RSS MiB",
+    ]
+    out.append("| " + " | ".join(header) + " |")
+    out.append("|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|")
+    for r in results:
+        if r.get("status") != "ok":
+            out.append(
+                f"| {r['label']} | not run: {r.get('reason', '?').splitlines()[0][:120]} |"
+                + " |" * (len(header) - 2)
+            )
+            continue
+        lat = r.get("latency") or {}
+        lat_text = (
+            f"{lat['p50_ms']:.1f} / {lat['p95_ms']:.1f} / {lat['p99_ms']:.1f}"
+            if "p50_ms" in lat
+            else "-"
+        )
+        if lat.get("missing") or lat.get("duplicated"):
+            lat_text += f" ({lat['missing']} lost, {lat['duplicated']} dup)"
+        idle = r.get("idle")
+        idle_text = f"{idle['queries_per_s']:.2f}" if idle else "-"
+        for key, variant in r["variants"].items():
+            j1, run1 = jobs(r, key, 1)
+            j2, run2 = jobs(r, key, 2)
+            rss = [x for run in variant["runs"].values() for x in run["peak_rss_mib"]]
+            out.append(
+                "| "
+                + " | ".join(
+                    [
+                        variant["label"],
+                        fmt_rate(j1, run1),
+                        fmt_ratio(j1, raw100),
+                        fmt_rate(j2, run2),
+                        fmt_ratio(j2, raw100_2),
+                        fmt_rate(r.get("enqueue_single_per_s")),
+                        fmt_ratio(r.get("enqueue_single_per_s"), raw_single),
+                        fmt_rate(r.get("enqueue_bulk_per_s")),
+                        fmt_ratio(r.get("enqueue_bulk_per_s"), raw_bulk),
+                        lat_text,
+                        idle_text,
+                        f"{max(rss):.0f}" if rss else "-",
+                    ]
+                )
+                + " |"
+            )
+    out.append("")
+    out.append(
+        "Drain: messages / (first job claimed to queue empty, watched in the database),"
+        " burst workers, backlog VACUUM ANALYZEd first, median of up to"
+        f" {opts['repeat']} runs (a drain longer than {REPEAT_MAX_DRAIN_S:g} s runs once);"
+        " (timeout): the run hit --run-timeout, the rate is over the part drained;"
+        " (!): see the JSON's problems. Enqueue one per transaction: median of"
+        f" {opts['repeat']} runs. Enqueue and latency are per system (the same on"
+        " each of its rows); x raw b100 (2) compares with the raw loop with 2 processes."
+        " Latency: an idle listening worker, messages enqueued one at a time"
+        f" {opts['latency_spacing_ms']:g} ms apart, commit to handler start. Idle: queries"
+        f" per second over {opts['idle_seconds']:g} s, the larger of the database's"
+        " transactions (pg_stat_database) and the statements seen in pg_stat_activity,"
+        " each system's default polling. Peak RSS: VmHWM of one worker process."
+    )
+    out.append("")
+    out.append("| system | worker | enqueue 1/txn | bulk enqueue | idle worker waits on |")
+    out.append("|---|---|---|---|---|")
+    for r in results:
+        if r.get("status") != "ok":
+            continue
+        notes = r["notes"]
+        versions = ", ".join(f"{k} {v}" for k, v in (r.get("versions") or {}).items())
+        out.append(
+            f"| {r['label']} ({versions}; Python {r.get('python')}) | {notes['worker']} | "
+            f"{notes['enqueue_single']} | {notes['enqueue_bulk']} | {notes['idle']} |"
+        )
+    out.append("")
+    out.append("Targets (django-pgqueue):")
+    out.append("")
+    out.append("| target | measured | required | result |")
+    out.append("|---|---|---|---|")
+    for t in report["targets"]:
+        verdict = "n/a" if t["met"] is None else ("PASS" if t["met"] else "FAIL")
+        note = f" ({t['note']})" if t["note"] else ""
+        out.append(f"| {t['target']} | {t['value']} | {t['required']} | {verdict}{note} |")
+    errors = [(r["label"], e) for r in results for e in r.get("errors", [])]
+    problems = [
+        (r["label"], v["label"], p, run["processes"])
+        for r in results
+        if r.get("status") == "ok"
+        for v in r["variants"].values()
+        for run in v["runs"].values()
+        for p in run["problems"]
+    ]
+    if errors or problems:
+        out.append("")
+        out.append("Problems:")
+        out.append("")
+        for label, e in errors:
+            out.append(f"- {label}: {e.splitlines()[0]}")
+        for _label, variant, p, processes in problems:
+            out.append(f"- {variant}, {processes} process(es): {p.splitlines()[0]}")
+    return "\n".join(out) + "\n"

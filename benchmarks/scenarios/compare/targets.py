@@ -1,0 +1,193 @@
+"""django-pgqueue's targets, computed from one compare.py run: PASS, FAIL,
+or n/a when a figure they need was not measured."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.worker import idle_statements_allowed
+
+from scenarios.compare.run import best_variant, paired_ratio
+
+# The targets of the issue, checked as ratios in the same run.
+TARGET_NONATOMIC_VS_RAW = 0.5  # atomic=False, 1 process, vs raw batch-100, 1 process
+TARGET_ATOMIC_JOBS = 5000.0  # atomic=True, 1 process
+TARGET_ENQUEUE_VS_RAW = 0.7  # enqueue() one per transaction vs raw one per transaction
+TARGET_ENQUEUE_MANY = 50000.0  # enqueue_many, messages/s
+TARGET_P50_MS = 3.0
+TARGET_P99_MS = 15.0
+TARGET_NONATOMIC_VS_PGQUEUER = 2.0
+TARGET_ATOMIC_VS_PGQUEUER = 1.0
+TARGET_VS_SLOW_PEERS = 20.0  # procrastinate and django-tasks-db
+
+Pairs = list[tuple[float, float]]
+
+
+def jobs(result: dict[str, Any] | None, variant: str, processes: int) -> tuple[Any, Any]:
+    """(jobs/s, the run) of a system's variant with that many processes, or (None, None)."""
+    try:
+        run = result["variants"][variant]["runs"][str(processes)]  # type: ignore[index]
+    except (KeyError, TypeError):
+        return None, None
+    return run.get("jobs_per_s"), run
+
+
+def in_turn_text(value: str, pairs: Pairs, what: str, label: str = "") -> str:
+    """``value``, the median of the ``pairs`` (mine, other) run in turn."""
+    shown = ", ".join(f"{m:,.0f}/{o:,.0f}" for m, o in pairs)
+    return f"{value}, the median of {len(pairs)} {what} run in turn ({label}{shown})"
+
+
+class Targets:
+    """The list of targets, each {target, value, required, met, note}; met
+    is None when a figure it needs was not measured."""
+
+    def __init__(self) -> None:
+        self.items: list[dict[str, Any]] = []
+
+    def add(
+        self, name: str, required: str, value: str | None = None, met: Any = None, note: str = ""
+    ) -> None:
+        self.items.append(
+            {"target": name, "value": value or "-", "required": required, "met": met,
+             "note": note}
+        )  # fmt: skip
+
+    def share(
+        self,
+        name: str,
+        minimum: float,
+        of: str,
+        in_turn: tuple[float, Pairs] | None,
+        what: str,
+        mine: float | None,
+        other: float | None,
+    ) -> None:
+        """django-pgqueue's figure as a share of another's: from the runs made
+        in turn when there are, else from the main runs."""
+        required = f">= {minimum:.0%} of {of}"
+        if in_turn:
+            ratio, pairs = in_turn
+            self.add(name, required, in_turn_text(f"{ratio:.0%}", pairs, what), ratio >= minimum)
+        elif mine and other:
+            ratio = mine / other
+            value = f"{mine:,.0f}/s = {ratio:.0%} of {other:,.0f}/s"
+            self.add(name, required, value, ratio >= minimum)
+        else:
+            self.add(name, required, note="not measured")
+
+    def rate(self, name: str, minimum: float, value: float | None) -> None:
+        required = f">= {minimum:,.0f}/s"
+        if value:
+            self.add(name, required, f"{value:,.0f}/s", value >= minimum)
+        else:
+            self.add(name, required, note="not measured")
+
+    def latency(self, lat: dict[str, Any]) -> None:
+        for key, limit in (("p50", TARGET_P50_MS), ("p99", TARGET_P99_MS)):
+            name = f"latency {key}, commit to handler start"
+            required = f"< {limit:g} ms"
+            if f"{key}_ms" not in lat:
+                self.add(name, required, note="not measured")
+                continue
+            complete = lat["missing"] == 0 and lat["duplicated"] == 0
+            note = "" if complete else f"{lat['missing']} missing, {lat['duplicated']} duplicated"
+            value = lat[f"{key}_ms"]
+            self.add(name, required, f"{value:.2f} ms", value < limit and complete, note)
+
+    def idle(self, pgq: dict[str, Any]) -> None:
+        name = "idle worker: statements per poll interval"
+        idle = pgq.get("idle")
+        if not idle:
+            self.add(name, "one per poll interval", note="not measured")
+            return
+        poll = pgq.get("poll_interval_s") or 5.0
+        allowed = idle_statements_allowed(idle["window_s"], poll)
+        value = f"{idle['queries']} in {idle['window_s']:g} s (poll {poll:g} s)"
+        required = f"<= {allowed} (one per poll, +-10% jitter)"
+        self.add(name, required, value, idle["queries"] <= allowed)
+
+    def peer(
+        self,
+        name: str,
+        mine: float | None,
+        variant: str,
+        peer: str,
+        result: dict[str, Any] | None,
+        factor: float,
+        drains_in_turn: dict[str, Any] | None,
+    ) -> None:
+        """django-pgqueue's drain against the peer's best one-process variant."""
+        required = f">= {factor:g}x (1 process, the peer's best variant)"
+        if result is None:
+            self.add(name, required, note=f"{peer} not run")
+            return
+        candidates = [
+            (run.get("jobs_per_s"), v["label"], run)
+            for v in result["variants"].values()
+            if (run := v["runs"].get("1")) and run.get("jobs_per_s")
+        ]
+        if not mine or not candidates:
+            self.add(name, required, note="not measured")
+            return
+        value, label, run = max(candidates, key=lambda c: c[0])
+        note = ""
+        if run.get("timed_out"):
+            note = "the peer hit the timeout: its rate is over the part drained"
+        best = best_variant(result)
+        in_turn = best and paired_ratio(drains_in_turn, f"pgqueue/{variant}", f"{peer}/{best[0]}")
+        if in_turn:
+            ratio, pairs = in_turn
+            text = in_turn_text(f"{ratio:.1f}x", pairs, "rounds", f"{label}: ")
+            self.add(name, required, text, ratio >= factor, note)
+            return
+        text = f"{mine / value:.1f}x ({mine:,.0f} vs {value:,.0f}/s, {label})"
+        self.add(name, required, text, mine / value >= factor, note)
+
+
+def build_targets(
+    results: list[dict[str, Any]], opts: Any, drains_in_turn: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """django-pgqueue's targets. Drain ratios come from ``drains_in_turn``
+    (paired_drains) when it has them."""
+    by = {r["name"]: r for r in results if r.get("status") == "ok"}
+    raw, pgq = by.get("raw"), by.get("pgqueue")
+    targets = Targets()
+    if not pgq:
+        targets.add("django-pgqueue targets", "-", note="django-pgqueue was not run")
+        return targets.items
+    atomic = jobs(pgq, "atomic", 1)[0]
+    nonatomic = jobs(pgq, "nonatomic", 1)[0]
+    targets.share(
+        "atomic=False throughput, 1 process",
+        TARGET_NONATOMIC_VS_RAW,
+        "raw batch-100",
+        paired_ratio(drains_in_turn, "pgqueue/nonatomic", "raw/batch100"),
+        "rounds",
+        nonatomic,
+        jobs(raw, "batch100", 1)[0],
+    )
+    targets.rate("atomic=True throughput, 1 process", TARGET_ATOMIC_JOBS, atomic)
+    paired = pgq.get("enqueue_single_paired")
+    targets.share(
+        "enqueue(), one per transaction",
+        TARGET_ENQUEUE_VS_RAW,
+        "raw one-per-transaction",
+        (paired["ratio"], [(q, r) for r, q in paired["pairs"]]) if paired else None,
+        "pairs",
+        pgq.get("enqueue_single_per_s"),
+        (raw or {}).get("enqueue_single_per_s"),
+    )
+    targets.rate("enqueue_many()", TARGET_ENQUEUE_MANY, pgq.get("enqueue_bulk_per_s"))
+    targets.latency(pgq.get("latency") or {})
+    targets.idle(pgq)
+    for name, mine, variant, peer, factor in (
+        ("atomic=False vs pgqueuer", nonatomic, "nonatomic", "pgqueuer",
+         TARGET_NONATOMIC_VS_PGQUEUER),
+        ("atomic=True vs pgqueuer", atomic, "atomic", "pgqueuer", TARGET_ATOMIC_VS_PGQUEUER),
+        ("atomic=True vs procrastinate", atomic, "atomic", "procrastinate", TARGET_VS_SLOW_PEERS),
+        ("atomic=True vs django-tasks-db", atomic, "atomic", "django-tasks-db",
+         TARGET_VS_SLOW_PEERS),
+    ):  # fmt: skip
+        targets.peer(name, mine, variant, peer, by.get(peer), factor, drains_in_turn)
+    return targets.items
