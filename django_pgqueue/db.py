@@ -1,13 +1,27 @@
-"""Cursors for django-pgqueue's own hot statements."""
+"""Database connections as django-pgqueue's threads use them: the cursor of
+the hot statements, the state of a connection's transaction, what an error
+left behind, and the wait before trying again."""
 
+from __future__ import annotations
+
+import random
+
+import psycopg
+from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.postgresql.base import ServerBindingCursor
+from django.db.backends.utils import CursorWrapper
+
+# After a database error: wait this long, doubling up to the cap (Backoff).
+RECONNECT_DELAY = 0.5
+RECONNECT_DELAY_CAP = 30.0
 
 # The attribute of a DatabaseWrapper that keeps its prepared_cursor: (the
 # psycopg connection it was opened on, whether the query log was on, it).
 _CACHED = "_pgqueue_prepared_cursor"
 
 
-def prepared_cursor(connection):
+def prepared_cursor(connection: BaseDatabaseWrapper) -> CursorWrapper:
     """A Django cursor (execute wrappers see its queries) over a psycopg
     cursor that binds parameters on the server; while the query log is on,
     Django's ordinary cursor (see below). Callers use it and leave it open:
@@ -16,14 +30,14 @@ def prepared_cursor(connection):
     Django's default cursor interpolates the parameters on the client, so the
     server parses and plans every statement again. With server-side binding,
     psycopg prepares a statement once the connection has run it
-    ``prepare_threshold`` times (5 by default): enqueue() runs the same
-    INSERT again and again, and each later run skips the planning (about a
-    sixth of a one-message enqueue here).
+    ``prepare_threshold`` times (5 by default): enqueue() and the claim run
+    the same statement again and again, and each later run skips the
+    planning.
 
     The cursor is kept on the DatabaseWrapper (one per thread, as Django's
-    connections are) until its psycopg connection changes: a new psycopg
-    cursor and Django wrapper for every statement cost about 30 us, a tenth
-    of a one-message enqueue (benchmarks/insert_cost.py measures the rest).
+    connections are) until its psycopg connection changes: building a new
+    psycopg cursor and Django wrapper for every statement is a measurable
+    share of a one-message enqueue (benchmarks/insert_cost.py).
 
     Django's default, ``"prepare_threshold": None`` in the database's
     ``OPTIONS``, is what PgBouncer in transaction mode needs unless it keeps
@@ -46,8 +60,59 @@ def prepared_cursor(connection):
         wrapper = connection.cursor()
     else:
         with connection.wrap_database_errors:
-            cursor = ServerBindingCursor(connection.connection)
+            cursor = ServerBindingCursor(connection.connection)  # type: ignore[call-arg]
         connection.validate_thread_sharing()
-        wrapper = connection.make_cursor(cursor)
+        wrapper = connection.make_cursor(cursor)  # type: ignore[arg-type]
     setattr(connection, _CACHED, (connection.connection, logged, wrapper))
     return wrapper
+
+
+def transaction_failed(connection: BaseDatabaseWrapper) -> bool:
+    """Whether the server reported the connection's transaction as aborted
+    (read from the driver's state: no round trip). A handler or subscriber
+    that caught a database error and returned leaves it so: its transaction
+    cannot commit."""
+    raw = connection.connection
+    return raw is not None and raw.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
+
+
+def drop_broken_connections() -> None:
+    """Close this thread's connections that an error left unusable; keep the rest."""
+    for connection in connections.all(initialized_only=True):
+        if connection.connection is None or not connection.errors_occurred:
+            continue
+        if connection.in_atomic_block or not connection.is_usable():
+            connection.close()
+        else:
+            connection.errors_occurred = False
+
+
+def lock_timed_out(exc: BaseException) -> bool:
+    """Whether ``exc`` (a Django DatabaseError) is PostgreSQL's lock_timeout:
+    the transaction failed, its connection is fine."""
+    return isinstance(exc.__cause__, psycopg.errors.LockNotAvailable)
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an error's text (its type's name if it has none),
+    for a log line or a health check's details."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+class Backoff:
+    """The wait after a database error: RECONNECT_DELAY, doubling up to
+    RECONNECT_DELAY_CAP, each wait jittered by a fifth (threads that lost the
+    server together do not come back together); ``reset()`` after a success."""
+
+    def __init__(self) -> None:
+        self.delay = RECONNECT_DELAY  # the next wait, before its jitter
+
+    def reset(self) -> None:
+        self.delay = RECONNECT_DELAY
+
+    def next(self) -> float:
+        """Seconds to wait now; the wait after it doubles."""
+        wait = self.delay * random.uniform(0.8, 1.2)
+        self.delay = min(self.delay * 2, RECONNECT_DELAY_CAP)
+        return wait

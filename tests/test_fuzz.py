@@ -19,11 +19,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
-from django_pgqueue import InvalidMessage, enqueue, enqueue_many, lifecycle
+from django_pgqueue import InvalidMessage, enqueue, enqueue_many
 from django_pgqueue.admin.forms import DeadLetterPayloadForm
 from django_pgqueue.models import DeadLetter, Message
 from django_pgqueue.notify import CHANNEL
 from django_pgqueue.worker import Worker
+
+from .claiming import claim
 
 # Deterministic in CI (derandomize: the examples follow from the test's code),
 # and nothing written to a .hypothesis directory: no example database, and
@@ -145,7 +147,7 @@ def same(stored, given):
 
 def received(message):
     """``message`` as a handler receives it: claimed, built from the claim's row."""
-    (claimed,) = lifecycle.claim([QUEUE], 1, "fuzz-worker", 60)
+    (claimed,) = claim([QUEUE], 1, "fuzz-worker", 60)
     assert claimed.pk == message.pk, "the claim took another message"
     return claimed
 

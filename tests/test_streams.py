@@ -627,19 +627,19 @@ def plan(sql, params):
 
 
 def test_the_hot_statements_read_the_stream_index():
-    from django_pgqueue import streams
+    from django_pgqueue.streams import retention
 
     ids = subscriptions.ensure([spec(LEDGER)])
     tables = {"events": EVENTS_TABLE, "subs": "django_pgqueue_subscription"}
     statements = {
         "next events": (
-            delivery._sql(delivery.NEXT_SQL),
+            delivery.statement(delivery.NEXT_SQL),
             {"now": None, "limit": 50, "id": ids[LEDGER]},
         ),
-        "probe": (delivery._sql(delivery.PROBE_SQL), [list(ids.values())]),
+        "probe": (delivery.statement(delivery.PROBE_SQL), [list(ids.values())]),
         "head": (subscriptions.HEAD_SQL.format(**tables), ["test.events"]),
         "retention": (
-            streams.PRUNE_SQL.format(**tables),
+            retention.PRUNE_SQL.format(**tables),
             {"stream": "test.events", "limit": 10, "now": None, "keep": 1.0},
         ),
     }

@@ -16,25 +16,25 @@ recorded (retry later, block, or dead-letter) in the same transaction.
 
 import contextlib
 import datetime
-import inspect
 import json
 import logging
 import time
 import traceback
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
-import psycopg
-from asgiref.sync import async_to_sync
 from django.db import connections, transaction
 from django.utils import timezone
 
-from django_pgqueue import conf, policy, signals
+from django_pgqueue import conf, policy, registry, signals
+from django_pgqueue.db import transaction_failed
 from django_pgqueue.exceptions import Permanent, Retry, describe
 from django_pgqueue.fields import finite_sql
 from django_pgqueue.models import StreamEvent
 from django_pgqueue.models.streams import DELIVERING, Subscription, SubscriptionState
 from django_pgqueue.streams import subscriptions
-from django_pgqueue.streams.subscribers import DEAD_LETTER
+from django_pgqueue.streams.subscribers import DEAD_LETTER, SubscriberSpec
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ logger = logging.getLogger(__name__)
 # after the lock is taken: its snapshot then sees the checkpoint that the
 # previous holder committed. Read through the stream index, after the
 # checkpoint and below the snapshot's xmin. ({retry_at} and {created_at}:
-# the columns as Python can load them, see _sql.)
+# the columns as Python can load them, see statement().)
 NEXT_SQL = """
 SELECT s.state, s.checkpoint_xid::text, s.checkpoint_position, s.attempts,
     s.failing_position, {retry_at}, s.name, s.stream, e.position, e.xid::text, e.key,
@@ -103,7 +103,7 @@ class Event:
     attempts: int  # this attempt's number, from 1
 
     @property
-    def topic(self):
+    def topic(self) -> str:
         """The stream, for the "topic" condition of PGQUEUE["CLASSIFY_RULES"]."""
         return self.stream
 
@@ -126,22 +126,27 @@ class Probe:
     pending: bool  # committed events after the checkpoint, deliverable or not
 
     @property
-    def held(self):
+    def held(self) -> bool:
         """Committed events wait for an older transaction to end."""
         return self.pending and not self.ready
 
     @property
-    def due(self):
+    def due(self) -> bool:
         if not self.ready or self.state not in DELIVERING:
             return False
         return self.retry_at is None or self.retry_at <= self.now
+
+
+# A context manager around each call of the subscriber (deliver's ``watch``).
+Watch = Callable[["Event"], contextlib.AbstractContextManager[object]]
 
 
 class BrokenTransaction(Exception):
     """The subscriber swallowed a database error: its transaction cannot commit."""
 
 
-def _sql(template):
+def statement(template: str) -> str:
+    """``NEXT_SQL`` or ``PROBE_SQL`` with the tables' and columns' names filled in."""
     ops = connections[conf.database_alias()].ops
     return template.format(
         subs=ops.quote_name(Subscription._meta.db_table),
@@ -152,14 +157,20 @@ def _sql(template):
     )
 
 
-def probe(ids):
+def probe(ids: Iterable[int]) -> list[Probe]:
     """One Probe per existing subscription among ``ids``."""
     with connections[conf.database_alias()].cursor() as cursor:
-        cursor.execute(_sql(PROBE_SQL), [list(ids)])
+        cursor.execute(statement(PROBE_SQL), [list(ids)])
         return [Probe(*row) for row in cursor.fetchall()]
 
 
-def deliver(spec, subscription_id=None, worker="", now=None, watch=None):
+def deliver(
+    spec: SubscriberSpec,
+    subscription_id: int | None = None,
+    worker: str = "",
+    now: datetime.datetime | None = None,
+    watch: Watch | None = None,
+) -> Delivery:
     """Deliver the next batch of events to ``spec``'s subscription, in one
     transaction; returns a Delivery.
 
@@ -184,7 +195,8 @@ def deliver(spec, subscription_id=None, worker="", now=None, watch=None):
                 return Delivery(BUSY)
             with connections[using].cursor() as cursor:
                 cursor.execute(
-                    _sql(NEXT_SQL), {"now": now, "limit": spec.batch_size, "id": subscription_id}
+                    statement(NEXT_SQL),
+                    {"now": now, "limit": spec.batch_size, "id": subscription_id},
                 )
                 rows = cursor.fetchall()
             if not rows:
@@ -214,7 +226,14 @@ def deliver(spec, subscription_id=None, worker="", now=None, watch=None):
     return outcome
 
 
-def _run(spec, batch, events, attempts, failing, watch=None):
+def _run(
+    spec: SubscriberSpec,
+    batch: subscriptions.Batch,
+    events: list[tuple[Any, ...]],
+    attempts: int,
+    failing: int | None,
+    watch: Watch | None = None,
+) -> Delivery:
     connection = connections[conf.database_alias()]
     deadline, more = time.monotonic() + BATCH_SECONDS, len(events) >= spec.batch_size
     for row in events:
@@ -227,8 +246,8 @@ def _run(spec, batch, events, attempts, failing, watch=None):
                 if problem:
                     raise Permanent(problem)
                 with watch(event) if watch is not None else contextlib.nullcontext():
-                    _call(spec, event)
-                if connection.needs_rollback or _transaction_failed(connection):
+                    registry.call(spec, event, "subscriber")
+                if connection.needs_rollback or transaction_failed(connection):
                     raise BrokenTransaction(
                         "the subscriber caught a database error and returned: its transaction "
                         "cannot commit (wrap queries that may fail in transaction.atomic())"
@@ -245,7 +264,9 @@ def _run(spec, batch, events, attempts, failing, watch=None):
     return Delivery(DELIVERED, delivered=batch.done, more=more)
 
 
-def _failed(spec, batch, event, exc):
+def _failed(
+    spec: SubscriberSpec, batch: subscriptions.Batch, event: Event, exc: Exception
+) -> Delivery:
     """``event`` failed (its savepoint is rolled back): retry it later, block
     the subscription, or move the event to the dead letters; the checkpoint
     moves past the events before it."""
@@ -257,7 +278,8 @@ def _failed(spec, batch, event, exc):
     where = (spec.name, event.position, spec.stream, event.attempts, category, reason)
     extra = {"subscription": spec.name, "position": event.position, "category": category}
     if decision.action == policy.RETRY:
-        retry_at = (batch.now or timezone.now()) + datetime.timedelta(seconds=decision.delay)
+        clock = batch.now if isinstance(batch.now, datetime.datetime) else timezone.now()
+        retry_at = clock + datetime.timedelta(seconds=decision.delay)
         subscriptions.retry_later(batch, event.position, event.attempts, reason, retry_at)
         logger.warning(
             "Subscription %s: event position=%s of stream %s failed (attempt %s, %s): %s; "
@@ -284,7 +306,7 @@ def _failed(spec, batch, event, exc):
     return Delivery(BLOCKED, delivered=batch.done)
 
 
-def _event(spec, row, attempts):
+def _event(spec: SubscriberSpec, row: tuple[Any, ...], attempts: int) -> tuple[Event, str | None]:
     """The Event of a NEXT_SQL row, and why it cannot be read (or None)."""
     position, xid, key, payload_text, headers_text, created_at = row
     problem, payload, headers = None, None, {}
@@ -306,25 +328,3 @@ def _event(spec, row, attempts):
         attempts=attempts,
     )
     return event, problem
-
-
-def _call(spec, event):
-    if spec.is_async:
-        # async_to_sync runs the coroutine while this thread serves its
-        # sync_to_async calls: ORM work lands in this thread's connection,
-        # inside the delivery's transaction.
-        return async_to_sync(spec.func)(event)
-    result = spec.func(event)
-    if inspect.iscoroutine(result) or inspect.isgenerator(result):
-        result.close()  # its body never ran: a success would lose the event
-        raise TypeError(
-            f"the subscriber returned a {type(result).__name__} instead of running: "
-            "declare it with async def, or make it a plain function"
-        )
-    return result
-
-
-def _transaction_failed(connection):
-    """Whether the server reported the transaction as aborted (no round trip)."""
-    raw = connection.connection
-    return raw is not None and raw.info.transaction_status == psycopg.pq.TransactionStatus.INERROR

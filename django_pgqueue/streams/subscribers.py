@@ -7,15 +7,20 @@ Subscribers live in a ``subscribers`` module of any installed app (or in its
 name stops start-up with both locations named.
 """
 
-import inspect
+from __future__ import annotations
+
+import datetime
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from django.utils.module_loading import autodiscover_modules
 
 from django_pgqueue import conf
 from django_pgqueue.exceptions import DuplicateSubscriber
 from django_pgqueue.models.streams import STREAM_NAME_MAX_LENGTH, SUBSCRIPTION_NAME_MAX_LENGTH
-from django_pgqueue.registry import _location, _seconds
+from django_pgqueue.registry import F, Specs, seconds_option
 
 BLOCK, DEAD_LETTER = "block", "dead_letter"
 ON_FAILURE = (BLOCK, DEAD_LETTER)
@@ -28,14 +33,12 @@ STARTS = (BEGINNING, END)
 BATCH_SIZE = 50
 BATCH_SIZE_MAX = 60
 
-_subscribers = {}
-
 
 @dataclass(frozen=True)
 class SubscriberSpec:
     name: str
     stream: str
-    func: object
+    func: Callable[[Any], Any]
     max_attempts: int | None
     backoff_base: float | None
     backoff_cap: float | None
@@ -47,18 +50,22 @@ class SubscriberSpec:
     location: str
 
 
+_subscribers: Specs[SubscriberSpec] = Specs("name", DuplicateSubscriber, "two subscribers named")
+register, unregister, lookup = _subscribers.register, _subscribers.unregister, _subscribers.lookup
+
+
 def subscriber(
-    stream,
+    stream: str,
     *,
-    name,
-    max_attempts=None,
-    backoff_base=None,
-    backoff_cap=None,
-    backoff_jitter=None,
-    on_failure=BLOCK,
-    start=BEGINNING,
-    batch_size=BATCH_SIZE,
-):
+    name: str,
+    max_attempts: int | None = None,
+    backoff_base: float | datetime.timedelta | None = None,
+    backoff_cap: float | datetime.timedelta | None = None,
+    backoff_jitter: bool | None = None,
+    on_failure: str = BLOCK,
+    start: str = BEGINNING,
+    batch_size: int = BATCH_SIZE,
+) -> Callable[[F], F]:
     """Register the decorated function as the subscription ``name`` of ``stream``.
 
     The function is called with each event (a ``subscriptions.Event``) in
@@ -84,8 +91,8 @@ def subscriber(
         raise ValueError(f"@subscriber({stream!r}): {problem}")
     if max_attempts is not None and not (conf.is_int(max_attempts) and max_attempts >= 1):
         raise ValueError(f"{where}: max_attempts must be at least 1")
-    backoff_base = _seconds(where, "backoff_base", backoff_base)
-    backoff_cap = _seconds(where, "backoff_cap", backoff_cap)
+    base_seconds = seconds_option(where, "backoff_base", backoff_base)
+    cap_seconds = seconds_option(where, "backoff_cap", backoff_cap)
     if backoff_jitter is not None and not isinstance(backoff_jitter, bool):
         raise ValueError(f"{where}: backoff_jitter must be True, False or None")
     if on_failure not in ON_FAILURE:
@@ -96,56 +103,29 @@ def subscriber(
         raise ValueError(f"{where}: start must be 'beginning' or 'end', not {start!r}")
     if not (conf.is_int(batch_size) and 1 <= batch_size <= BATCH_SIZE_MAX):
         raise ValueError(f"{where}: batch_size must be a whole number from 1 to {BATCH_SIZE_MAX}")
-
-    def decorate(func):
-        if not callable(func):
-            raise TypeError(f"{where} decorates a callable, not {func!r}")
-        register(
-            SubscriberSpec(
-                name=name,
-                stream=stream,
-                func=func,
-                max_attempts=max_attempts,
-                backoff_base=backoff_base,
-                backoff_cap=backoff_cap,
-                backoff_jitter=backoff_jitter,
-                on_failure=on_failure,
-                start=start,
-                batch_size=batch_size,
-                is_async=inspect.iscoroutinefunction(func),
-                location=_location(func),
-            )
-        )
-        return func
-
-    return decorate
+    return _subscribers.decorator(
+        where,
+        functools.partial(
+            SubscriberSpec,
+            name=name,
+            stream=stream,
+            max_attempts=max_attempts,
+            backoff_base=base_seconds,
+            backoff_cap=cap_seconds,
+            backoff_jitter=backoff_jitter,
+            on_failure=on_failure,
+            start=start,
+            batch_size=batch_size,
+        ),
+    )
 
 
-def register(spec):
-    existing = _subscribers.get(spec.name)
-    if existing is not None and existing.location != spec.location:
-        raise DuplicateSubscriber(
-            f"two subscribers named {spec.name!r}: {existing.location} and {spec.location}"
-        )
-    _subscribers[spec.name] = spec
-
-
-def unregister(name):
-    """Forget the subscriber ``name`` (for tests and reloading)."""
-    _subscribers.pop(name, None)
-
-
-def lookup(name):
-    """The SubscriberSpec named ``name``, or None."""
-    return _subscribers.get(name)
-
-
-def registered():
+def registered() -> list[SubscriberSpec]:
     """Every SubscriberSpec, by name."""
-    return [_subscribers[name] for name in sorted(_subscribers)]
+    return _subscribers.all()
 
 
-def select(names):
+def select(names: str | Sequence[str] | None) -> list[SubscriberSpec]:
     """The SubscriberSpecs a worker serves: ``"all"``, ``"none"``, or a list
     (or comma-separated string) of names. An unknown name is a ValueError
     that lists the registered ones."""
@@ -157,14 +137,14 @@ def select(names):
         names = [part.strip() for part in names.split(",") if part.strip()]
     if not names:
         raise ValueError("give 'all', 'none' or at least one subscription name")
-    unknown = [name for name in names if name not in _subscribers]
+    unknown = [name for name in names if lookup(name) is None]
     if unknown:
-        known = ", ".join(sorted(_subscribers)) or "none is registered"
+        known = ", ".join(spec.name for spec in registered()) or "none is registered"
         raise ValueError(
             f"unknown subscription(s) {', '.join(map(repr, unknown))} (registered: {known})"
         )
-    return [_subscribers[name] for name in dict.fromkeys(names)]
+    return [spec for name in dict.fromkeys(names) if (spec := lookup(name)) is not None]
 
 
-def autodiscover():
+def autodiscover() -> None:
     autodiscover_modules("subscribers")

@@ -28,24 +28,27 @@ subscription's lock first, so one worker at a time delivers to it, and the
 others skip it (``BUSY``) until their next poll.
 """
 
+from __future__ import annotations
+
 import contextlib
 import logging
 import random
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
-import psycopg
 from django.db import connections
 
-from django_pgqueue import conf, maintenance
+from django_pgqueue import conf, maintenance, notify
+from django_pgqueue.db import Backoff
 from django_pgqueue.exceptions import describe
-from django_pgqueue.notify import listen_connection
+from django_pgqueue.observability.metrics import NullMetrics, WorkerMetrics
 from django_pgqueue.streams import CHANNEL, delivery, subscriptions
+from django_pgqueue.streams.subscribers import SubscriberSpec
 
 logger = logging.getLogger(__name__)
 
-RECONNECT_DELAY = 0.5
-RECONNECT_DELAY_CAP = 30.0
 # Held events (committed above the snapshot's xmin): look again after this
 # long, doubling up to the poll interval.
 HELD_DELAY = 0.01
@@ -62,7 +65,15 @@ _WORKED = {
 
 
 class StreamWorker:
-    def __init__(self, specs, worker_id, poll_interval, listen, metrics=None, wake_worker=None):
+    def __init__(
+        self,
+        specs: Sequence[SubscriberSpec],
+        worker_id: str,
+        poll_interval: float,
+        listen: bool,
+        metrics: WorkerMetrics | NullMetrics | None = None,
+        wake_worker: Callable[[], None] | None = None,
+    ) -> None:
         self.specs = list(specs)
         self.worker_id = worker_id
         self.poll_interval = poll_interval
@@ -70,11 +81,11 @@ class StreamWorker:
         self.metrics = metrics
         self.streams = {spec.stream for spec in self.specs}
         self.delivered = 0
-        self._ids = None  # name -> row id, once ensured
+        self._ids: dict[str, int] | None = None  # name -> row id, once ensured
         self._stop = threading.Event()
         self._wake = threading.Event()
-        self._threads = []
-        self._delivery = None  # the pgqueue-streams thread
+        self._threads: list[threading.Thread] = []
+        self._delivery: threading.Thread | None = None  # the pgqueue-streams thread
         self._held_delay = HELD_DELAY
         # For health checks (health()): when the delivery thread last went
         # round or returned from a subscriber, what it runs now that may
@@ -82,8 +93,9 @@ class StreamWorker:
         # of its last round (or what killed it). Its rounds are at most a
         # poll interval apart, as the main loop's.
         self._seen = time.monotonic()
-        self._running = None  # (what, since): {"subscription": ..., "position": ...}
-        self.error = None
+        # (what, since): {"subscription": ..., "position": ...}
+        self._running: tuple[dict[str, Any], float] | None = None
+        self.error: str | None = None
         self.dead = False  # the delivery thread died of an exception
         self.stuck_after = poll_interval * 2 + 5
         # For --burst: whether the last probe found nothing due nor held back
@@ -93,7 +105,7 @@ class StreamWorker:
         self.caught_up = False
         self.wake_worker = wake_worker
 
-    def start(self):
+    def start(self) -> StreamWorker:
         logger.info(
             "Worker %s: delivering to subscription(s) %s",
             self.worker_id,
@@ -104,7 +116,7 @@ class StreamWorker:
             self._start_thread(self._listen_loop, "pgqueue-streams-listener")
         return self
 
-    def stop(self, timeout):
+    def stop(self, timeout: float) -> None:
         """Stop after the batch in hand (waiting at most ``timeout`` seconds
         for it; an unfinished batch rolls back when the process exits)."""
         self._stop.set()
@@ -120,7 +132,7 @@ class StreamWorker:
                 timeout,
             )
 
-    def _start_thread(self, target, name):
+    def _start_thread(self, target: Callable[[], None], name: str) -> threading.Thread:
         thread = threading.Thread(target=target, name=name, daemon=True)
         thread.start()
         self._threads.append(thread)
@@ -129,10 +141,10 @@ class StreamWorker:
     # --- health ---------------------------------------------------------------
 
     @property
-    def alive(self):
+    def alive(self) -> bool:
         return self._delivery is not None and self._delivery.is_alive() and not self.dead
 
-    def health(self):
+    def health(self) -> tuple[bool, dict[str, Any]]:
         """``(healthy, details)``: healthy while the delivery thread lives,
         goes round (a subscriber that runs long is busy, not stuck: there is
         no subscriber timeout to say when it would be) and its last round
@@ -157,7 +169,7 @@ class StreamWorker:
         return alive and not stuck and not self.error, details
 
     @contextlib.contextmanager
-    def _runs(self, **what):
+    def _runs(self, **what: Any) -> Iterator[None]:
         """Around a subscriber's call (or maintenance): time that is not the
         thread's own and may take long."""
         self._running = (what, time.monotonic())
@@ -167,18 +179,18 @@ class StreamWorker:
             self._running = None
             self._seen = time.monotonic()
 
-    def _watch(self, event):
+    def _watch(self, event: delivery.Event) -> contextlib.AbstractContextManager[None]:
         return self._runs(subscription=event.subscription, position=event.position)
 
-    def _set_caught_up(self, caught_up):
+    def _set_caught_up(self, caught_up: bool) -> None:
         was, self.caught_up = self.caught_up, caught_up
         if caught_up and not was and self.wake_worker is not None:
             self.wake_worker()
 
     # --- delivery -------------------------------------------------------------
 
-    def _run(self):
-        delay = RECONNECT_DELAY
+    def _run(self) -> None:
+        backoff = Backoff()
         next_maintenance = time.monotonic() + MAINTENANCE_INTERVAL
         try:
             while not self._stop.is_set():
@@ -190,7 +202,7 @@ class StreamWorker:
                         if conf.get("STREAM_RETENTION") is not None:
                             with self._runs(maintenance=True):
                                 maintenance.run_once()
-                    delay = RECONNECT_DELAY
+                    backoff.reset()
                     self.error = None
                 except Exception as exc:  # noqa: BLE001  the thread must go on
                     connections.close_all()  # this thread's: reopened on next use
@@ -203,10 +215,9 @@ class StreamWorker:
                         "Worker %s streams: %s; retrying in %.1fs",
                         self.worker_id,
                         self.error,
-                        delay,
+                        backoff.delay,
                     )
-                    wait = delay * random.uniform(0.8, 1.2)
-                    delay = min(delay * 2, RECONNECT_DELAY_CAP)
+                    wait = backoff.next()
                 if wait > 0 and not self._stop.is_set():
                     self._wake.wait(wait)
                     self._wake.clear()
@@ -226,7 +237,7 @@ class StreamWorker:
         finally:
             connections.close_all()
 
-    def _round(self):
+    def _round(self) -> float:
         """Deliver one batch to each due subscription; returns the seconds to
         wait before the next round (0: at once)."""
         if self._ids is None:
@@ -266,49 +277,43 @@ class StreamWorker:
 
     # --- wake-ups -------------------------------------------------------------
 
-    def _listen_loop(self):
-        delay = RECONNECT_DELAY
-        while not self._stop.is_set():
-            try:
-                with listen_connection(conf.database_alias()) as conn:
-                    conn.execute(f"LISTEN {CHANNEL}")
-                    delay = RECONNECT_DELAY
-                    self._wake.set()  # notifications missed while away are gone: poll
-                    while not self._stop.is_set():
-                        for notification in conn.notifies(timeout=0.25):
-                            if notification.payload in self.streams:
-                                self._wake.set()
-            except psycopg.Error as exc:
-                if self._stop.is_set():
-                    break
-                if self.metrics is not None:
-                    self.metrics.reconnected("streams")
-                logger.warning(
-                    "Worker %s streams listener: %s; reconnecting in %.1fs",
-                    self.worker_id,
-                    str(exc).strip() or type(exc).__name__,
-                    delay,
-                )
-                self._stop.wait(delay * random.uniform(0.8, 1.2))
-                delay = min(delay * 2, RECONNECT_DELAY_CAP)
+    def _listen_loop(self) -> None:
+        notify.listen(
+            [CHANNEL],
+            self._notified,
+            on_connect=self._wake.set,  # notifications missed while away are gone: poll
+            stop=self._stop,
+            name=f"Worker {self.worker_id} streams listener",
+            log=logger,
+            reconnected=self._reconnected,
+        )
+
+    def _notified(self, channel: str, payload: str) -> None:
+        if payload in self.streams:
+            self._wake.set()
+
+    def _reconnected(self) -> None:
+        if self.metrics is not None:
+            self.metrics.reconnected("streams")
 
 
-def start_for(worker):
-    """Start delivering to ``worker.subscriptions`` (SubscriberSpecs) for a
-    ``worker.Worker``; returns the StreamWorker, or None when it serves none."""
-    if not worker.subscriptions:
+def start_for(
+    specs: Sequence[SubscriberSpec],
+    worker_id: str,
+    poll_interval: float,
+    listen: bool,
+    metrics: WorkerMetrics | NullMetrics | None,
+    wake_worker: Callable[[], None] | None,
+) -> StreamWorker | None:
+    """Start delivering to ``specs`` for the worker ``worker_id`` (its poll
+    interval, whether it listens, its metrics; ``wake_worker`` wakes its main
+    loop, for --burst); returns the StreamWorker, or None when it serves none."""
+    if not specs:
         return None
-    return StreamWorker(
-        worker.subscriptions,
-        worker.worker_id,
-        worker.poll_interval,
-        worker.listen,
-        worker.metrics,
-        wake_worker=worker._wake.set if worker.burst else None,
-    ).start()
+    return StreamWorker(specs, worker_id, poll_interval, listen, metrics, wake_worker).start()
 
 
-def _first_line(exc):
+def _first_line(exc: BaseException) -> str:
     """``Type: message`` of an exception, its first line only (for a log line
     and the health check's details)."""
     return describe(exc).strip().splitlines()[0]

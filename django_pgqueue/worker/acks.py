@@ -1,0 +1,117 @@
+"""Acknowledgements of atomic=False handlers, sent in batches: carried by the
+next claim's round trip (``claiming``), flushed by the main loop when due
+(``flush``), or sent by a handler thread once a batch's worth is waiting
+(``send_from_handler_thread``). The waiting jobs are kept in the Ledger.
+
+An acknowledgement skips a row that another transaction has locked (mostly
+the heartbeat's lease extension, for milliseconds) and tries it again a
+moment later (``LOCKED_ACK_DELAY``)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from django_pgqueue import lifecycle
+from django_pgqueue.db import drop_broken_connections, first_line
+from django_pgqueue.worker.job import Job
+from django_pgqueue.worker.ledger import ACK_DELAY, Ledger
+from django_pgqueue.worker.outcomes import Outcomes
+from django_pgqueue.worker.wakeup import Wakeup
+
+logger = logging.getLogger(__package__)
+
+# An acknowledgement that found its row locked by another transaction is
+# tried again this much later, and logged once the row has been locked for
+# LOCKED_ACK_WARNING seconds (the heartbeat's lease extension locks rows for
+# milliseconds: no reason to warn).
+LOCKED_ACK_DELAY = 0.1
+LOCKED_ACK_WARNING = 1.0
+
+
+@dataclass(eq=False)
+class Acks:
+    worker_id: str
+    ledger: Ledger
+    wakeup: Wakeup
+    outcomes: Outcomes
+
+    def flush(self) -> None:
+        """Acknowledge the jobs waiting for it."""
+        jobs = self.ledger.take_unacked()
+        if jobs:
+            self._send(jobs)
+
+    def send_from_handler_thread(self, jobs: list[Job]) -> None:
+        """Acknowledge the batch ``jobs`` that a handler thread took (on its
+        own connection); on failure the main loop flushes them again."""
+        try:
+            self._send(jobs)
+        except BaseException as exc:  # noqa: BLE001  (the main loop flushes them again)
+            drop_broken_connections()
+            logger.warning(
+                "Worker %s: could not acknowledge %s message(s) (%s); retrying",
+                self.worker_id,
+                len(jobs),
+                first_line(exc),
+            )
+        finally:
+            self.ledger.sent()
+            self.wakeup.set()
+
+    def put_back(self, jobs: list[Job]) -> None:
+        """Acknowledgements that were not sent (the statement failed): flushed again."""
+        self.ledger.put_back(jobs, ACK_DELAY)
+
+    def acknowledged(self, jobs: list[Job], finished: set[int], busy: set[int]) -> None:
+        """The acknowledgement of ``jobs`` removed the rows ``finished``, and
+        skipped those ``busy`` (locked by another transaction: sent again
+        later); the others had lost their lease (lifecycle logged them)."""
+        self.ledger.acked(len(finished))
+        for job in jobs:
+            if job.message.id in finished:
+                self.outcomes.done(job.message, job.duration)
+        waiting = [job for job in jobs if job.message.id in busy]
+        if waiting:
+            self._wait_for_locked(waiting)
+
+    def _send(self, jobs: list[Job]) -> None:
+        """Acknowledge ``jobs``; on failure they wait to be flushed again."""
+        try:
+            finished, busy = lifecycle.ack_unlocked([job.message for job in jobs])
+        except BaseException:
+            self.put_back(jobs)
+            raise
+        self.acknowledged(jobs, finished, busy)
+        if any(job.message.group_key is not None for job in jobs):
+            self.wakeup.release_groups()  # the next claim promotes their groups' next
+
+    def _wait_for_locked(self, jobs: list[Job]) -> None:
+        """Acknowledge ``jobs`` again a moment later: another transaction has
+        their row locked (the acknowledgement skipped it). Mostly that is the
+        heartbeat's lease extension, for a few milliseconds; a row locked for
+        longer (an admin, a script) is logged, once. The leases are extended
+        whenever the row is free; a lease that runs out meanwhile returns the
+        message to the queue (it runs again: atomic=False)."""
+        now = time.monotonic()
+        for job in jobs:
+            if job.ack_busy_since is None:
+                job.ack_busy_since = now
+            elif not job.ack_busy_logged and now - job.ack_busy_since >= LOCKED_ACK_WARNING:
+                job.ack_busy_logged = True  # one line per message, not one per try
+                logger.warning(
+                    "Message id=%s topic=%s attempt=%s: acknowledgement deferred for %.1fs, "
+                    "another transaction holds its row locked; trying again",
+                    job.message.pk,
+                    job.message.topic,
+                    job.message.attempts,
+                    now - job.ack_busy_since,
+                    extra={
+                        "message_id": job.message.pk,
+                        "topic": job.message.topic,
+                        "attempt": job.message.attempts,
+                        "state": "ack_deferred",
+                    },
+                )
+        self.ledger.put_back(jobs, LOCKED_ACK_DELAY)

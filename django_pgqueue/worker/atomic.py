@@ -1,0 +1,278 @@
+"""Atomic handlers sharing a transaction (and its commit): a handler thread
+runs the atomic jobs waiting in the pool one after another, each in a
+savepoint, and commits them with their acknowledgement (one DELETE guarded
+by each lease token) once it has run a batch of them, none is waiting, or
+ATOMIC_BATCH_SECONDS have passed. Many handlers share one commit, and each
+message's writes still commit or roll back with its own acknowledgement."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import psycopg
+from django.db import DatabaseError, connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from django_pgqueue import conf, lifecycle
+from django_pgqueue.db import (
+    drop_broken_connections,
+    first_line,
+    lock_timed_out,
+    transaction_failed,
+)
+from django_pgqueue.worker.config import WorkerConfig
+from django_pgqueue.worker.job import DONE, LOST, Job, LeaseLost
+from django_pgqueue.worker.ledger import Ledger
+from django_pgqueue.worker.outcomes import Outcomes
+from django_pgqueue.worker.pool import HandlerPool
+
+logger = logging.getLogger(__package__)
+
+# A batch takes no more jobs once it has run this long (seconds).
+ATOMIC_BATCH_SECONDS = 0.05
+# At most this many handlers per shared transaction: each savepoint that
+# writes takes a subtransaction id, and past 64 in one transaction
+# PostgreSQL's snapshots overflow to pg_subtrans, which slows every session.
+ATOMIC_BATCH_MAX = 50
+SAVEPOINT_SQL = "SAVEPOINT pgqueue_job"
+NEXT_SAVEPOINT_SQL = "RELEASE SAVEPOINT pgqueue_job; SAVEPOINT pgqueue_job"
+ROLLBACK_SAVEPOINT_SQL = "ROLLBACK TO SAVEPOINT pgqueue_job"
+
+
+class _BatchRolledBack(Exception):
+    """Roll the whole atomic batch back; its other jobs run again alone."""
+
+
+class Runner(Protocol):
+    """What a batch needs of the executor that runs it."""
+
+    def start(self, job: Job) -> bool: ...
+
+    def run_one(self, job: Job) -> None: ...
+
+    def run_job(self, job: Job) -> None: ...
+
+    def finished(self, job: Job, outcome: str) -> None: ...
+
+
+class HandlerSavepoint:
+    """An execute wrapper on the queue's connection while an atomic batch
+    runs: just before the running handler's first query it opens the
+    handler's savepoint (releasing the previous handler's, in the same round
+    trip). A handler that runs no query through Django (it calls an API,
+    sends an email) costs no round trip, and has nothing to undo.
+
+    Queries sent around Django (the driver's connection, ``callproc``,
+    ``copy``) open no savepoint: a handler must not fail after writing that
+    way. A failure that left the transaction broken with no savepoint to
+    return to rolls the whole batch back (``_BatchRolledBack``)."""
+
+    def __init__(self, connection: BaseDatabaseWrapper) -> None:
+        self.connection = connection
+        self.armed = False  # a handler is running
+        self.placed = False  # the running handler's savepoint is open
+        self.exists = False  # some savepoint is open in this transaction
+
+    def __call__(
+        self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any
+    ) -> Any:
+        if self.armed and not self.placed:
+            self._open()
+        return execute(sql, params, many, context)
+
+    def arm(self) -> None:
+        self.armed, self.placed = True, False
+
+    def disarm(self) -> None:
+        self.armed = False
+
+    def _open(self) -> None:
+        self.armed = False  # if the savepoint fails, the batch rolls back
+        _execute_raw(self.connection, NEXT_SAVEPOINT_SQL if self.exists else SAVEPOINT_SQL)
+        self.exists = self.placed = self.armed = True
+
+    def rollback(self) -> None:
+        """Undo the running handler's writes; without its savepoint there is
+        nothing to undo unless the transaction broke (the whole batch then
+        rolls back)."""
+        was_armed, self.armed = self.armed, False
+        if self.placed:
+            _execute_raw(self.connection, ROLLBACK_SAVEPOINT_SQL)
+        elif not was_armed or transaction_failed(self.connection):
+            # Not armed: opening the savepoint failed, the previous one is
+            # not this handler's to return to.
+            raise _BatchRolledBack
+
+
+@dataclass(eq=False)
+class AtomicBatches:
+    config: WorkerConfig
+    ledger: Ledger
+    pool: HandlerPool
+    outcomes: Outcomes
+    runner: Runner  # the executor: starts, runs and finishes the jobs
+
+    def run(self, first: Job) -> None:
+        """Run ``first`` and the atomic jobs queued behind it in one
+        transaction, each in a savepoint, and commit them with their
+        acknowledgement.
+
+        A handler's savepoint is opened just before its first query (see
+        HandlerSavepoint): one that runs no query costs no round trip. A
+        handler that raises rolls back to its savepoint (with the
+        ``on_commit`` callbacks it registered); its failure is recorded after
+        the commit. If the acknowledgement finds a lease gone, or a failure
+        cannot be undone on its own, the whole transaction rolls back and the
+        other jobs (those that still hold their lease) run again one by one:
+        their writes were rolled back, nothing happens twice.
+        """
+        runner = self.runner
+        using = conf.database_alias()
+        connection = connections[using]
+        batch, succeeded = [first], []
+        failed: list[tuple[Job, BaseException]] = []
+        after = None  # a job taken from the pool that cannot join the batch
+        began = time.monotonic()
+        acked = None  # the ids the acknowledgement found still leased
+        lock_timeout = None  # the acknowledgement's error when it waited too long for a lock
+        limit = min(self.config.batch_size, ATOMIC_BATCH_MAX)
+        savepoint = HandlerSavepoint(connection)
+        try:
+            with transaction.atomic(using=using), connection.execute_wrapper(savepoint):
+                job = first
+                while True:
+                    job.batch = batch
+                    callbacks = len(connection.run_on_commit)
+                    savepoint.arm()
+                    try:
+                        job.run_handler()
+                        if job.abandoned:
+                            raise LeaseLost
+                        if connection.needs_rollback or transaction_failed(connection):
+                            # The handler swallowed a database error.
+                            raise DatabaseError("the handler left its transaction unusable")
+                        savepoint.disarm()
+                        job.handler_returned()  # it cannot time out any more
+                        job.uncommitted = True
+                        succeeded.append(job)
+                    except BaseException as exc:  # noqa: BLE001  (a handler may raise anything)
+                        job.handler_returned()
+                        if not isinstance(exc, LeaseLost):  # a timed-out job is recorded
+                            failed.append((job, exc))
+                            job.failure = exc
+                        # Undo this job alone: its writes and its on_commit callbacks.
+                        # (If the connection is gone this raises: the batch fails.)
+                        savepoint.rollback()
+                        connection.needs_rollback = False
+                        del connection.run_on_commit[callbacks:]
+                    if len(batch) >= limit or time.monotonic() - began > ATOMIC_BATCH_SECONDS:
+                        break
+                    taken = self.pool.take_nowait()
+                    if taken is None:
+                        break
+                    if taken.spec is None or not taken.spec.atomic:
+                        after = taken
+                        break
+                    if not runner.start(taken):
+                        break
+                    batch.append(taken)
+                    job = taken
+                keep = [j for j in succeeded if not j.abandoned]
+                if keep:
+                    try:
+                        acked = lifecycle.ack_leased([j.message for j in keep])
+                    except DatabaseError as exc:
+                        if not lock_timed_out(exc):
+                            raise
+                        # A row of the batch is locked by another transaction
+                        # (past LOCK_TIMEOUT): the others need not wait for it.
+                        lock_timeout = first_line(exc)
+                        raise _BatchRolledBack from exc
+                    if len(acked) != len(keep):
+                        raise _BatchRolledBack
+        except _BatchRolledBack:
+            # Rolled back: run again, alone, the jobs that still held their lease
+            # (all of them when the acknowledgement did not run).
+            self._log_rollback(succeeded, acked, lock_timeout)
+            for job in succeeded:
+                job.uncommitted = False
+                if job.abandoned:
+                    continue
+                if acked is None or job.message.id in acked:
+                    job.duration = None
+                    runner.run_one(job)
+                else:
+                    job.log_lease_lost_before_commit()
+                    runner.finished(job, LOST)
+            succeeded = []
+        except BaseException as exc:  # noqa: BLE001  (the database failed under the batch)
+            drop_broken_connections()
+            logger.warning(
+                "Worker %s: a batch of %s atomic handler(s) could not commit (%s); "
+                "their leases expire and the messages run again",
+                self.config.worker_id,
+                len(succeeded),
+                first_line(exc),
+            )
+            for job in succeeded:
+                job.uncommitted = False
+                runner.finished(job, LOST)
+            succeeded = []
+        finally:
+            drop_broken_connections()
+        for job in succeeded:
+            job.uncommitted = False
+            runner.finished(job, LOST if job.abandoned else DONE)
+        for job, failure in failed:
+            outcome = LOST if job.abandoned else self.outcomes.record_failure(job, failure)
+            runner.finished(job, outcome)
+        # A job cut off by a broken connection (neither succeeded nor failed):
+        # its lease expires and maintenance returns it.
+        for job in self.ledger.in_flight(batch):
+            runner.finished(job, LOST)
+        for job in batch:
+            job.batch = job.failure = None  # no reference cycles: freed at once, not by the GC
+        if after is not None:
+            runner.run_job(after)
+
+    def _log_rollback(
+        self, succeeded: list[Job], acked: set[int] | None, lock_timeout: str | None
+    ) -> None:
+        worker_id = self.config.worker_id
+        if lock_timeout is not None:
+            logger.warning(
+                "Worker %s: the acknowledgement of an atomic batch waited too long for a row "
+                "lock held by another transaction (%s); the batch was rolled back and its %s "
+                "message(s) run again one by one",
+                worker_id,
+                lock_timeout,
+                len(succeeded),
+            )
+        elif acked is None:
+            logger.warning(
+                "Worker %s: a handler's failure could not be undone on its own (it broke "
+                "the transaction before its first query through Django); its batch was "
+                "rolled back and the other %s message(s) run again one by one",
+                worker_id,
+                len(succeeded),
+            )
+        else:
+            logger.warning(
+                "Worker %s: %s of %s message(s) of an atomic batch lost their lease before "
+                "the commit; the batch was rolled back and the others run again one by one",
+                worker_id,
+                len(succeeded) - len(acked),
+                len(succeeded),
+            )
+
+
+def _execute_raw(connection: BaseDatabaseWrapper, sql: str) -> None:
+    """Run the worker's own bookkeeping ``sql`` on the driver's connection,
+    past Django's cursor wrapper (and its execute wrappers): the savepoints
+    of atomic batches, once per handler."""
+    with connection.wrap_database_errors:
+        psycopg.ClientCursor(connection.connection).execute(sql)

@@ -1,0 +1,83 @@
+"""Claims: whether to claim now and how many, and the claim itself, one
+round trip that also carries the waiting acknowledgements and the promotion
+of released message groups (``lifecycle.ack_and_claim_rows``)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from django_pgqueue import lifecycle, registry
+from django_pgqueue.worker.acks import Acks
+from django_pgqueue.worker.config import Metrics, WorkerConfig
+from django_pgqueue.worker.job import Job
+from django_pgqueue.worker.ledger import Ledger
+from django_pgqueue.worker.wakeup import Wakeup
+
+
+@dataclass(eq=False)
+class Claimer:
+    config: WorkerConfig
+    ledger: Ledger
+    wakeup: Wakeup
+    acks: Acks
+    submit: Callable[[Job], None]  # hands a claimed job to the handler threads
+    metrics: Metrics
+    claimed: int = field(default=0, init=False)  # messages claimed by this worker
+    few_ready: bool = field(default=False, init=False)  # the last claim came back short
+
+    def size(self) -> int:
+        """How many messages to claim now (``Ledger.claim_size``), never
+        past --max-messages."""
+        size = self.ledger.claim_size()
+        if self.config.max_messages is not None:
+            size = min(size, self.config.max_messages - self.claimed)
+        return size
+
+    def wanted(self, ready: bool) -> bool:
+        """May I claim: messages may be ready (``ready``: the last claim was
+        full, a notification came, a poll found some), and there is room."""
+        return ready and self.size() > 0
+
+    def limit_reached(self) -> bool:
+        """--max-messages are claimed: claim no more."""
+        return self.config.max_messages is not None and self.claimed >= self.config.max_messages
+
+    def claim(self) -> tuple[int, int]:
+        """Claim up to ``size()`` messages and hand them to the handler
+        threads; returns (how many it asked for, how many it got)."""
+        config = self.config
+        asked = self.size()
+        acks = self.ledger.take_unacked()
+        promote = self.wakeup.take_groups() or any(job.message.group_key for job in acks)
+        started = time.perf_counter()
+        try:
+            result = lifecycle.ack_and_claim_rows(
+                [job.message for job in acks],
+                config.queues,
+                asked,
+                config.worker_id,
+                config.lease_seconds,
+                few_ready=self.few_ready,
+                promote=promote,
+            )
+        except BaseException:
+            self.acks.put_back(acks)  # flushed again next time
+            if promote:
+                self.wakeup.release_groups()
+            raise
+        rows = result.rows
+        if result.groups_left:
+            self.wakeup.release_groups()
+        self.metrics.claimed(len(rows), time.perf_counter() - started)
+        # After a short claim the next one expects few (ack_and_claim_rows's few_ready).
+        self.few_ready = len(rows) < asked
+        self.acks.acknowledged(acks, result.acked, result.busy)
+        self.claimed += len(rows)
+        lookup, topic = registry.lookup, lifecycle.ROW_TOPIC
+        jobs = [Job(row=row, spec=lookup(row[topic])) for row in rows]
+        self.ledger.add(jobs)
+        for job in jobs:
+            self.submit(job)
+        return asked, len(rows)

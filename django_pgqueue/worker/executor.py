@@ -1,0 +1,200 @@
+"""Running handlers on the handler threads (``pool``): a job alone, in a
+transaction of its own (atomic) or none; several atomic ones in a shared
+transaction when others wait behind it (``atomic``); and the handlers that
+run past their timeout, given up on so that they hold neither a thread nor
+the jobs of their batch."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from django.db import DatabaseError, transaction
+
+from django_pgqueue import conf, lifecycle
+from django_pgqueue.db import drop_broken_connections, first_line, lock_timed_out
+from django_pgqueue.exceptions import HandlerTimeout
+from django_pgqueue.models import Category, Message
+from django_pgqueue.worker.acks import Acks
+from django_pgqueue.worker.atomic import AtomicBatches
+from django_pgqueue.worker.config import Metrics, WorkerConfig
+from django_pgqueue.worker.job import ACK_PENDING, DONE, LOST, SETTLED, Job, LeaseLost
+from django_pgqueue.worker.ledger import Ledger
+from django_pgqueue.worker.outcomes import Outcomes
+from django_pgqueue.worker.pool import HandlerPool
+from django_pgqueue.worker.wakeup import Wakeup
+
+logger = logging.getLogger(__package__)
+
+
+class _AckLocked(Exception):
+    """An atomic handler's acknowledgement waited past LOCK_TIMEOUT for a row
+    lock held by another transaction: roll the handler's work back."""
+
+
+@dataclass(eq=False)
+class Executor:
+    config: WorkerConfig
+    ledger: Ledger
+    pool: HandlerPool
+    wakeup: Wakeup
+    acks: Acks
+    outcomes: Outcomes
+    metrics: Metrics
+    atomic: AtomicBatches = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.atomic = AtomicBatches(self.config, self.ledger, self.pool, self.outcomes, self)
+
+    # --- handler threads ------------------------------------------------------
+
+    def run_job(self, job: Job) -> None:
+        """Run a job the pool gave this thread."""
+        if not self.start(job):
+            return
+        # Share a transaction only when others wait behind this one: a lone
+        # message skips the savepoint round trips (lower latency when idle).
+        spec = job.spec
+        if spec is not None and spec.atomic and self.config.batch_size > 1 and self.ledger.queued:
+            self.atomic.run(job)
+        else:
+            self.run_one(job)
+
+    def start(self, job: Job) -> bool:
+        """Take ``job`` for this thread (``Ledger.start``); False if it was
+        handed back or abandoned meanwhile."""
+        if not self.ledger.start(job):
+            return False
+        self.metrics.started(job.message)
+        return True
+
+    def run_one(self, job: Job) -> None:
+        """Run one started job in a transaction of its own (atomic) or none."""
+        message, spec = job.message, job.spec
+        try:
+            if spec is None:
+                outcome = self.outcomes.record_failure(
+                    job,
+                    LookupError(f"no handler for topic {message.topic!r}"),
+                    category=Category.PERMANENT,
+                )
+            elif spec.atomic:
+                with transaction.atomic(using=conf.database_alias()):
+                    job.run_handler()
+                    if job.abandoned or not _ack_waiting_for_locks(message):
+                        raise LeaseLost
+                outcome = DONE
+            else:
+                job.run_handler()
+                outcome = ACK_PENDING
+        except LeaseLost:
+            job.log_lease_lost_before_commit()
+            outcome = LOST
+        except _AckLocked as exc:
+            # Recording a retry would wait for the same lock: the lease, which
+            # the heartbeat cannot extend while the row is locked, brings the
+            # message back once it expires and the row is free.
+            drop_broken_connections()
+            _log_ack_locked(message, exc)
+            outcome = LOST
+        except BaseException as exc:  # noqa: BLE001  (a handler may raise anything)
+            # Record the failure on a working connection, and leave one behind.
+            # (A success leaves its connection as it is: looking costs more
+            # than a no-op handler, and a connection broken without an error
+            # reaching us fails the next handler, which replaces it.)
+            drop_broken_connections()
+            try:
+                outcome = LOST if job.abandoned else self.outcomes.record_failure(job, exc)
+            finally:
+                drop_broken_connections()
+        self.finished(job, outcome)
+
+    def finished(self, job: Job, outcome: str) -> None:
+        """``job``'s run ended with ``outcome``: book it, report a success,
+        wake the main loop if it has work, and acknowledge a batch's worth
+        of atomic=False jobs from this thread."""
+        if job.duration is None and job.started is not None:
+            job.duration = time.monotonic() - job.started
+        message = job.message
+        acks, has_work = self.ledger.finish(job, outcome)
+        grouped = message.group_key is not None
+        if outcome == DONE:
+            self.outcomes.done(message, job.duration)
+        if grouped and outcome in SETTLED:
+            # Its group may go on (acknowledged or dead-lettered): the next
+            # claim promotes the group's next message.
+            self.wakeup.release_groups()
+        elif has_work or self.wakeup.groups_released or (grouped and outcome == ACK_PENDING):
+            self.wakeup.set()
+        if acks:
+            self.acks.send_from_handler_thread(acks)
+
+    # --- timeouts (the main loop) -----------------------------------------------
+
+    def expire_timeouts(self) -> None:
+        """Give up on the handlers past their deadline: replace their thread,
+        record the attempt as failed (TRANSIENT), and free the jobs of their
+        batch."""
+        for job in self.ledger.late(time.monotonic()):
+            self.ledger.abandon([job])  # whatever the handler does now is discarded
+            self.pool.abandon(job.thread)
+            timeout = job.spec.timeout if job.spec is not None else None
+            logger.warning(
+                "Message id=%s topic=%s attempt=%s: handler ran past its timeout of %ss",
+                job.message.pk,
+                job.message.topic,
+                job.message.attempts,
+                timeout,
+            )
+            exc = HandlerTimeout(f"timeout: the handler ran past {timeout}s")
+            self.finished(job, self.outcomes.record_failure(job, exc, Category.TRANSIENT))
+            self._free_hostages(job)
+
+    def _free_hostages(self, job: Job) -> None:
+        """The messages whose handlers succeeded in the same (uncommitted)
+        transaction as a timed-out handler would wait for it: hand them back
+        to the queue now (their writes roll back with the batch, and the
+        batch's acknowledgement finds their leases gone). Those whose handler
+        failed would wait for it too, to record their failure: record it now
+        (the batch thread then skips them)."""
+        hostages, failed = self.ledger.hostages(job)
+        if hostages:
+            released = lifecycle.release([j.message for j in hostages])
+            logger.warning(
+                "Worker %s: handed back %s message(s) that shared a transaction with the "
+                "timed-out one",
+                self.config.worker_id,
+                released,
+            )
+        for other, failure in failed:
+            self.finished(other, self.outcomes.record_failure(other, failure))
+
+
+def _ack_waiting_for_locks(message: Message) -> bool:
+    """``lifecycle.ack``; a lock timeout (another transaction holds the row)
+    raises _AckLocked."""
+    try:
+        return lifecycle.ack(message)
+    except DatabaseError as exc:
+        if not lock_timed_out(exc):
+            raise
+        raise _AckLocked(first_line(exc)) from exc
+
+
+def _log_ack_locked(message: Message, exc: _AckLocked) -> None:
+    logger.warning(
+        "Message id=%s topic=%s attempt=%s: not acknowledged, another transaction "
+        "holds its row locked (%s); the handler's database writes were rolled back "
+        "and the message runs again after its lease",
+        message.pk,
+        message.topic,
+        message.attempts,
+        exc,
+        extra={
+            "message_id": message.pk,
+            "topic": message.topic,
+            "attempt": message.attempts,
+            "state": "ack_locked",
+        },
+    )

@@ -1,0 +1,122 @@
+"""The heartbeat: the worker's row in the worker table (its liveness), the
+leases of the messages it holds, and maintenance.
+
+An idle worker's poll carries its heartbeat (``due_beat``), so idling costs
+one query per poll interval; the ``pgqueue-heartbeat`` thread writes one
+only when the polls did not, because the worker is busy or polls less often
+than it beats. While messages are held, the thread extends their leases and
+runs maintenance on a schedule; an idle poll that saw an expired lease asks
+for maintenance at once (``want_maintenance``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+from django.db import DatabaseError, connections
+
+from django_pgqueue import lifecycle, maintenance
+from django_pgqueue.db import drop_broken_connections
+from django_pgqueue.worker.config import Metrics, WorkerConfig
+from django_pgqueue.worker.ledger import Ledger
+
+logger = logging.getLogger(__package__)
+
+
+class Heartbeat:
+    def __init__(
+        self, config: WorkerConfig, ledger: Ledger, metrics: Metrics, exit: threading.Event
+    ) -> None:
+        self._config = config
+        self._ledger = ledger
+        self._metrics = metrics
+        self._exit = exit  # set when the worker's helper threads end
+        self._wake = threading.Event()  # exit, or maintenance wanted
+        self._maintenance_wanted = False
+        self._last_beat: float | None = None  # time.monotonic() of the last recorded heartbeat
+
+    def start(self) -> threading.Thread:
+        thread = threading.Thread(target=self._run, name="pgqueue-heartbeat", daemon=True)
+        thread.start()
+        return thread
+
+    def stop(self) -> None:
+        """Wake the thread to see that ``exit`` is set."""
+        self._wake.set()
+
+    def want_maintenance(self) -> None:
+        """A worker died (a lease expired): rescue its messages now."""
+        self._maintenance_wanted = True
+        self._wake.set()
+
+    def due_beat(self) -> lifecycle.Beat | None:
+        """The heartbeat for the main loop's poll to carry, if one is due
+        (call ``recorded()`` once the poll succeeded)."""
+        return self._beat() if self._due(self._config.heartbeat_interval) else None
+
+    def recorded(self) -> None:
+        """A heartbeat was written."""
+        self._last_beat = time.monotonic()
+
+    def _due(self, seconds: float) -> bool:
+        """Whether ``seconds`` passed since the last beat."""
+        last = self._last_beat
+        return last is None or time.monotonic() - last >= seconds
+
+    def _beat(self) -> lifecycle.Beat:
+        config = self._config
+        return lifecycle.Beat(
+            worker_id=config.worker_id,
+            hostname=config.hostname,
+            pid=os.getpid(),
+            queues=config.queues,
+            concurrency=config.concurrency,
+            alive_for=config.alive_for,
+            inflight=self._ledger.count(),
+            processed=self._ledger.processed,
+        )
+
+    def _run(self) -> None:
+        """Extend leases while handlers run; run maintenance on a schedule while
+        busy, and at once when an idle poll saw an expired lease. An idle
+        worker so issues no query here: its poll is its only one."""
+        config = self._config
+        maintenance_every = min(config.lease_seconds / 4, 15.0)
+        tick = min(maintenance_every, config.heartbeat_interval / 2)
+        next_maintenance = time.monotonic()
+        while not self._exit.is_set():
+            try:
+                if self._due(config.thread_beat_after):
+                    lifecycle.heartbeat(self._beat())
+                    self.recorded()
+                busy = self._ledger.busy()
+                if self._maintenance_wanted or (busy and time.monotonic() >= next_maintenance):
+                    self._maintenance_wanted = False
+                    maintenance.run_once()
+                    next_maintenance = time.monotonic() + maintenance_every
+                if busy:
+                    self._extend_leases()
+            except DatabaseError as exc:
+                drop_broken_connections()
+                self._metrics.reconnected("heartbeat")
+                logger.warning("Worker %s heartbeat: database error (%s)", config.worker_id, exc)
+            self._wake.wait(tick)
+            self._wake.clear()
+        connections.close_all()
+
+    def _extend_leases(self) -> None:
+        jobs = self._ledger.leased()
+        if not jobs:
+            return
+        lost = lifecycle.extend_leases([j.message for j in jobs], self._config.lease_seconds)
+        for job in jobs:
+            if job.message.pk in lost and not job.lease_lost:
+                job.lease_lost = True
+                logger.warning(
+                    "Message id=%s topic=%s attempt=%s: lease lost while the handler ran",
+                    job.message.pk,
+                    job.message.topic,
+                    job.message.attempts,
+                )

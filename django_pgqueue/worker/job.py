@@ -1,0 +1,91 @@
+"""A claimed message as the worker carries it from its claim to its
+acknowledgement (``Job``), and how a handler's run ends (the outcomes)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from django_pgqueue import lifecycle, registry
+from django_pgqueue.exceptions import Permanent
+from django_pgqueue.models import Message
+from django_pgqueue.registry import HandlerSpec
+
+logger = logging.getLogger(__package__)
+
+# How a handler's run ends: done and acknowledged with its transaction (atomic
+# handlers); done, its acknowledgement waiting to be flushed (atomic=False);
+# failed, the retry or dead letter recorded; lost (lease gone, timed out,
+# handed back), nothing recorded.
+DONE, ACK_PENDING, FAILED, LOST = "done", "ack_pending", "failed", "lost"
+# The outcomes that finish a message at once (an ACK_PENDING one finishes when
+# its acknowledgement removes the row).
+SETTLED = (DONE, FAILED)
+
+
+class LeaseLost(Exception):
+    """The handler's lease is gone: roll its work back."""
+
+
+class _MessageOfRow:
+    """``Job.message``: the Message is built from the claim's row when first
+    read, in a handler thread (the main loop goes on to its next claim
+    sooner), then kept in the job's ``__dict__``, where later reads find it
+    as a plain attribute (a non-data descriptor: no call per read)."""
+
+    def __get__(self, job: Job | None, owner: type[Job]) -> Message:
+        if job is None:
+            raise AttributeError("message")
+        message = job.__dict__["message"] = lifecycle.message_from_row(job.row)
+        return message
+
+
+@dataclass(eq=False)
+class Job:
+    row: tuple[Any, ...]  # the claim's row (``message`` is built from it)
+    spec: HandlerSpec | None
+    started: float | None = None  # time.monotonic() when a thread picked it up
+    deadline: float | None = None
+    thread: int | None = None
+    abandoned: bool = False  # timed out or handed back: its late result is discarded
+    lease_lost: bool = False
+    duration: float | None = None  # seconds the handler took
+    queued: bool = True  # submitted to the pool, no thread has taken it yet
+    batch: list[Job] | None = None  # the jobs sharing its transaction (atomic handlers)
+    uncommitted: bool = False  # its handler succeeded; the batch has not committed yet
+    failure: BaseException | None = None  # its handler raised; recorded after the batch
+    # When an acknowledgement first found its row locked by another
+    # transaction, and whether that was logged.
+    ack_busy_since: float | None = None
+    ack_busy_logged: bool = False
+    message = _MessageOfRow()
+
+    def run_handler(self) -> object:
+        """Run its handler on its message, in this thread."""
+        message = self.message
+        undecodable = message.__dict__.get(lifecycle.UNDECODABLE)
+        if undecodable:
+            # Another client's SQL stored JSON that Python cannot load: no
+            # handler could read it, so it goes to the dead letters as it is.
+            raise Permanent(undecodable)
+        if self.spec is None:
+            raise LookupError(f"no handler for topic {message.topic!r}")
+        return registry.call(self.spec, message)
+
+    def handler_returned(self) -> None:
+        """Its handler returned or raised: how long it ran; it cannot time out any more."""
+        if self.started is not None:
+            self.duration = time.monotonic() - self.started
+        self.deadline = None
+
+    def log_lease_lost_before_commit(self) -> None:
+        message = self.message
+        logger.warning(
+            "Message id=%s topic=%s attempt=%s: lease lost before the commit; "
+            "the handler's database writes were rolled back",
+            message.pk,
+            message.topic,
+            message.attempts,
+        )

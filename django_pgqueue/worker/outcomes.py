@@ -1,0 +1,138 @@
+"""What follows a handler's run: a success is logged, counted in the metrics
+and signalled (``done``); a failure is classified and, by the failure
+policy, retried later or dead-lettered (``record_failure``)."""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from dataclasses import dataclass
+
+from django.db import DatabaseError
+
+from django_pgqueue import lifecycle, policy, signals
+from django_pgqueue.db import drop_broken_connections
+from django_pgqueue.exceptions import Retry, describe
+from django_pgqueue.models import Category, Message
+from django_pgqueue.observability.metrics import DEAD_LETTERED, RETRIED
+from django_pgqueue.worker.config import Metrics
+from django_pgqueue.worker.job import DONE, FAILED, LOST, Job
+
+logger = logging.getLogger(__package__)
+
+
+@dataclass(eq=False)
+class Outcomes:
+    worker_id: str
+    metrics: Metrics
+
+    def done(self, message: Message, duration: float | None) -> None:
+        """``message`` was acknowledged after its handler ran ``duration`` seconds."""
+        self.metrics.finished(message, DONE, duration)  # the outcome label, "done"
+        # The hot path: nothing is built for a log record nobody keeps or a
+        # signal nobody receives.
+        if logger.isEnabledFor(logging.INFO):
+            logger.info(
+                "Message id=%s topic=%s attempt=%s done in %.3fs",
+                message.id,
+                message.topic,
+                message.attempts,
+                duration,
+                extra={
+                    "message_id": message.id,
+                    "topic": message.topic,
+                    "attempt": message.attempts,
+                    "duration": duration,
+                    "state": "done",
+                },
+            )
+        if signals.message_done.has_listeners(type(message)):
+            signals.send(
+                signals.message_done,
+                sender=type(message),
+                message=message,
+                duration=duration,
+                worker=self.worker_id,
+            )
+
+    def record_failure(self, job: Job, exc: BaseException, category: Category | None = None) -> str:
+        """Retry or dead-letter ``job``'s message after ``exc``; returns FAILED,
+        or LOST when its lease was gone or the database refused the record
+        (the lease then expires and maintenance returns the message)."""
+        message, spec = job.message, job.spec
+        duration = None if job.started is None else time.monotonic() - job.started
+        try:
+            if category is None:
+                category = policy.classify(exc, message)
+        except Exception:  # a broken CLASSIFIER must not lose the message
+            logger.exception("Message id=%s: classification failed; using UNKNOWN", message.pk)
+            category = Category.UNKNOWN
+        reason = describe(exc)
+        trace = "".join(traceback.format_exception(exc))
+        decision = policy.decide(
+            category,
+            message.attempts,
+            policy.max_attempts_for(message, spec),
+            spec,
+            retry_after=exc.after if isinstance(exc, Retry) else None,
+        )
+        try:
+            if decision.action == policy.RETRY:
+                if not lifecycle.retry_later(
+                    message, decision.delay, category, f"{reason}\n\n{trace}".strip()
+                ):
+                    return LOST
+                self._retried(message, category, reason, decision.delay, duration)
+            elif (
+                lifecycle.dead_letter(message, category, reason, trace, worker=self.worker_id)
+                is None
+            ):
+                return LOST
+            else:
+                self.metrics.finished(message, DEAD_LETTERED, duration)
+        except DatabaseError:
+            drop_broken_connections()
+            logger.exception(
+                "Message id=%s topic=%s: could not record the failure; its lease will expire "
+                "and maintenance will return it to the queue",
+                message.pk,
+                message.topic,
+            )
+            return LOST
+        return FAILED
+
+    def _retried(
+        self,
+        message: Message,
+        category: Category,
+        reason: str,
+        delay: float,
+        duration: float | None,
+    ) -> None:
+        self.metrics.finished(message, RETRIED, duration)
+        logger.info(
+            "Message id=%s topic=%s attempt=%s failed (%s: %s); retry in %.1fs",
+            message.pk,
+            message.topic,
+            message.attempts,
+            category,
+            reason,
+            delay,
+            extra={
+                "message_id": message.pk,
+                "topic": message.topic,
+                "attempt": message.attempts,
+                "category": category,
+                "state": "retry_scheduled",
+            },
+        )
+        signals.send(
+            signals.message_retried,
+            sender=type(message),
+            message=message,
+            category=category,
+            reason=reason,
+            delay=delay,
+            worker=self.worker_id,
+        )
