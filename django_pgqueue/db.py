@@ -12,6 +12,8 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.postgresql.base import ServerBindingCursor
 from django.db.backends.utils import CursorWrapper
 
+from django_pgqueue import text
+
 # After a database error: wait this long, doubling up to the cap (Backoff).
 RECONNECT_DELAY = 0.5
 RECONNECT_DELAY_CAP = 30.0
@@ -96,8 +98,7 @@ def lock_timed_out(exc: BaseException) -> bool:
 def first_line(exc: BaseException) -> str:
     """The first line of an error's text (its type's name if it has none),
     for a log line or a health check's details."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    return text.first_line(str(exc)) or type(exc).__name__
 
 
 class Backoff:

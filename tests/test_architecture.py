@@ -68,8 +68,8 @@ LAYERS = [
     ),
     # 4. background duties and the Tasks backend (built on the operations)
     ("duties", ["django_pgqueue.maintenance", "django_pgqueue.tasks"]),
-    # 5. the worker process, and its stream-delivery thread
-    ("worker", ["django_pgqueue.worker", "django_pgqueue.streams.thread"]),
+    # 5. the worker process, its stream-delivery thread included
+    ("worker", ["django_pgqueue.worker"]),
     # 6. what people and machines look at and run: admin, health and stats,
     #    alerts, views and URLs, commands, checks, the app config
     (

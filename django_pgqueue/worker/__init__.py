@@ -11,7 +11,8 @@
 - ``acks``: the acknowledgements of atomic=False handlers, in batches;
 - ``heartbeat``: liveness, lease extension, maintenance;
 - ``wakeup``, ``listener``: what wakes the main loop;
-- ``shutdown``: signals and the steps of a shutdown.
+- ``shutdown``: signals and the steps of a shutdown;
+- ``streams``: the stream delivery thread, for the subscriptions it serves.
 """
 
 from django_pgqueue.worker.core import Worker

@@ -13,7 +13,7 @@ Threads of one worker process:
   liveness (when the polls did not) and runs maintenance (``heartbeat``);
 - ``concurrency`` handler threads run the handlers (``executor``, ``pool``,
   ``atomic``) and acknowledge batches (``acks``);
-- with stream subscriptions, the delivery threads (``streams.thread``).
+- with stream subscriptions, the delivery threads (``worker.streams``).
 
 The parts share what the worker holds through the ``Ledger``.
 """
@@ -37,7 +37,6 @@ from django_pgqueue import conf, lifecycle
 from django_pgqueue.db import Backoff, drop_broken_connections, first_line, lock_timed_out
 from django_pgqueue.observability.metrics import NullMetrics
 from django_pgqueue.streams.subscribers import select
-from django_pgqueue.streams.thread import StreamWorker, start_for
 from django_pgqueue.worker import listener, shutdown
 from django_pgqueue.worker.acks import Acks
 from django_pgqueue.worker.claiming import Claimer
@@ -47,6 +46,7 @@ from django_pgqueue.worker.heartbeat import Heartbeat
 from django_pgqueue.worker.ledger import Ledger
 from django_pgqueue.worker.outcomes import Outcomes
 from django_pgqueue.worker.pool import HandlerPool
+from django_pgqueue.worker.streams import StreamWorker, start_for
 from django_pgqueue.worker.wakeup import Wakeup
 
 logger = logging.getLogger(__package__)

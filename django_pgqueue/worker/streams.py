@@ -46,6 +46,7 @@ from django_pgqueue.exceptions import describe
 from django_pgqueue.observability.metrics import NullMetrics, WorkerMetrics
 from django_pgqueue.streams import CHANNEL, delivery, subscriptions
 from django_pgqueue.streams.subscribers import SubscriberSpec
+from django_pgqueue.text import first_line
 
 logger = logging.getLogger(__name__)
 
@@ -152,12 +153,14 @@ class StreamWorker:
         now = time.monotonic()
         running = self._running
         alive = self.alive
-        age = now - self._seen
+        # Rounded before the comparison: a reader of the details sees the
+        # age that made it stuck, above stuck_after.
+        age = round(now - self._seen, 3)
         stuck = alive and running is None and age > self.stuck_after
         details = {
             "alive": alive,
             "stuck": stuck,
-            "loop_age_seconds": round(age, 3),
+            "loop_age_seconds": age,
             "subscriptions": [spec.name for spec in self.specs],
             "delivered": self.delivered,
         }
@@ -316,4 +319,4 @@ def start_for(
 def _first_line(exc: BaseException) -> str:
     """``Type: message`` of an exception, its first line only (for a log line
     and the health check's details)."""
-    return describe(exc).strip().splitlines()[0]
+    return first_line(describe(exc))
