@@ -365,7 +365,10 @@ def test_four_workers_keep_the_order_of_200_groups_of_50_and_run_groups_in_paral
     for _, step in sorted(events):
         running += step
         busiest = max(busiest, running)
-    assert busiest >= 8, f"at most {busiest} group(s) handled at once"
+    # More groups at once than one worker has threads (4): the groups ran in
+    # parallel across processes. (The peak itself depends on the machine's
+    # load: 6 to 16 were seen.)
+    assert busiest > 4, f"at most {busiest} group(s) handled at once"
     ends = [at.timestamp() for _, _, at in rows]
     print(
         f"\n{len(rows):,} grouped messages handled over {max(ends) - min(ends):.1f} s by 4"
