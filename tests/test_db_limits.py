@@ -16,7 +16,7 @@ from django.db import OperationalError, connection
 from django.test import override_settings
 
 from django_pgqueue import checks as pgqueue_checks
-from django_pgqueue import conf, enqueue, enqueue_many, lifecycle, registry, sql
+from django_pgqueue import conf, enqueue, enqueue_many, lifecycle, liveness, registry, sql
 from django_pgqueue.models import DeadLetter, Message, Status
 
 from .conftest import database_url, raw_connection, running_worker, wait_until
@@ -178,7 +178,7 @@ def test_the_worker_transactions_of_lifecycle_carry_the_limits(make_message, tra
             lifecycle.retry_later(message, 1, "transient", "boom")
         assert isinstance(raised.value.__cause__, psycopg.errors.LockNotAvailable)
         # Lease extension and batched acknowledgement skip the locked row: not lost, not done.
-        assert lifecycle.extend_leases([message], 60) == set()
+        assert liveness.extend_leases([message], 60) == set()
         assert lifecycle.ack_unlocked([message]) == (set(), {message.pk})
     assert lifecycle.ack_unlocked([message]) == ({message.pk}, set())
 

@@ -16,7 +16,7 @@ from django.db.backends import utils as backend_utils
 from django.test import override_settings
 from django.utils import timezone
 
-from django_pgqueue import lifecycle, maintenance
+from django_pgqueue import liveness, maintenance
 from django_pgqueue.models import WorkerHeartbeat
 from django_pgqueue.observability.health import WorkerHealthServer
 
@@ -25,8 +25,8 @@ from .test_metrics import TOKEN, http_get, worker_port
 
 
 def beat(worker_id="w1", queues=("default",), alive_for=30.0, **fields):
-    lifecycle.heartbeat(
-        lifecycle.Beat(
+    liveness.heartbeat(
+        liveness.Beat(
             worker_id=worker_id,
             hostname="host",
             pid=1,

@@ -15,7 +15,7 @@ from django.core.management import CommandError, call_command
 from django.db import connections
 from django.utils import timezone
 
-from django_pgqueue import enqueue, lifecycle, publish
+from django_pgqueue import enqueue, liveness, publish
 from django_pgqueue.models import (
     Category,
     DeadLetterState,
@@ -93,8 +93,8 @@ def rows(settings, make_dead_letter):
     make_dead_letter("mail.send", queue="mail", category=Category.DEPENDENCY, state=NEW)
     make_dead_letter("mail.send", queue="mail", category=Category.DEPENDENCY, state=REVIVED)
 
-    lifecycle.heartbeat(
-        lifecycle.Beat(
+    liveness.heartbeat(
+        liveness.Beat(
             worker_id="web-1:100:aaaaaa",
             hostname="web-1",
             pid=100,

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from django_pgqueue import lifecycle, registry
+from django_pgqueue import registry, sql
 from django_pgqueue.db import RECONNECT_DELAY, RECONNECT_DELAY_CAP, Backoff
 from django_pgqueue.exceptions import DuplicateHandler
 from django_pgqueue.worker.config import WorkerConfig
@@ -44,8 +44,8 @@ class BuiltJob(Job):
     """A claimed job whose message is given, not decoded from a claim row."""
 
     def __init__(self, message):
-        row = [None] * (lifecycle.ROW_ID + 1)
-        row[lifecycle.ROW_ID] = message.pk
+        row = [None] * (sql.ROW_ID + 1)
+        row[sql.ROW_ID] = message.pk
         super().__init__(row=tuple(row), spec=None)
         self.given = message
 

@@ -36,36 +36,22 @@ from django_pgqueue.lifecycle.guards import (
 )
 from django_pgqueue.lifecycle.requeue import release, requeue_lost, retry_later, run_now
 
-# Names the worker reaches here: the worker's liveness (its heartbeat, its
-# leases, its idle poll) lives in liveness.py; the positions in the claim's
-# rows (ClaimResult.rows) are the claim statement's, in sql.py.
-from django_pgqueue.liveness import Beat, Probe, extend_leases, heartbeat, probe, unregister
-from django_pgqueue.sql import ROW_ID, ROW_TOPIC
-
 __all__ = [
     "LEASE_EXPIRED",
     "LEASE_MISSING",
     "LOST_RUN_REASONS",
-    "ROW_ID",
-    "ROW_TOPIC",
     "UNDECODABLE",
     "WORKER_LOST",
-    "Beat",
     "ClaimResult",
-    "Probe",
     "ack",
     "ack_and_claim_rows",
     "ack_leased",
     "ack_unlocked",
     "dead_letter",
-    "extend_leases",
-    "heartbeat",
     "message_from_row",
-    "probe",
     "release",
     "requeue_lost",
     "retry_later",
     "run_now",
     "still_leased",
-    "unregister",
 ]

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from django_pgqueue import lifecycle, registry
+from django_pgqueue import lifecycle, registry, sql
 from django_pgqueue.worker.acks import Acks
 from django_pgqueue.worker.config import Metrics, WorkerConfig
 from django_pgqueue.worker.job import Job
@@ -75,7 +75,7 @@ class Claimer:
         self.few_ready = len(rows) < asked
         self.acks.acknowledged(acks, result.acked, result.busy)
         self.claimed += len(rows)
-        lookup, topic = registry.lookup, lifecycle.ROW_TOPIC
+        lookup, topic = registry.lookup, sql.ROW_TOPIC
         jobs = [Job(row=row, spec=lookup(row[topic])) for row in rows]
         self.ledger.add(jobs)
         for job in jobs:

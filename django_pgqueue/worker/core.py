@@ -33,7 +33,7 @@ from typing import Any
 
 from django.db import DatabaseError, connections
 
-from django_pgqueue import conf, lifecycle
+from django_pgqueue import conf, liveness
 from django_pgqueue.db import Backoff, drop_broken_connections, first_line, lock_timed_out
 from django_pgqueue.observability.metrics import NullMetrics
 from django_pgqueue.streams.subscribers import select
@@ -285,11 +285,11 @@ class Worker:
                 next_poll = now + self._poll_delay()
                 probe = True
 
-    def _probe(self) -> lifecycle.Probe:
+    def _probe(self) -> liveness.Probe:
         """One query: what is ready, when the next message is due, whether a
         lease expired or groups were released (and the heartbeat, when due)."""
         beat = self._heartbeat.due_beat()
-        found = lifecycle.probe(self.config.queues, beat)
+        found = liveness.probe(self.config.queues, beat)
         if beat is not None:
             self._heartbeat.recorded()
         if found.lease_expired:  # a worker died: rescue now

@@ -17,7 +17,7 @@ import time
 
 from django.db import DatabaseError, connections
 
-from django_pgqueue import lifecycle, maintenance
+from django_pgqueue import liveness, maintenance
 from django_pgqueue.db import drop_broken_connections
 from django_pgqueue.worker.config import Metrics, WorkerConfig
 from django_pgqueue.worker.ledger import Ledger
@@ -51,7 +51,7 @@ class Heartbeat:
         self._maintenance_wanted = True
         self._wake.set()
 
-    def due_beat(self) -> lifecycle.Beat | None:
+    def due_beat(self) -> liveness.Beat | None:
         """The heartbeat for the main loop's poll to carry, if one is due
         (call ``recorded()`` once the poll succeeded)."""
         return self._beat() if self._due(self._config.heartbeat_interval) else None
@@ -65,9 +65,9 @@ class Heartbeat:
         last = self._last_beat
         return last is None or time.monotonic() - last >= seconds
 
-    def _beat(self) -> lifecycle.Beat:
+    def _beat(self) -> liveness.Beat:
         config = self._config
-        return lifecycle.Beat(
+        return liveness.Beat(
             worker_id=config.worker_id,
             hostname=config.hostname,
             pid=os.getpid(),
@@ -89,7 +89,7 @@ class Heartbeat:
         while not self._exit.is_set():
             try:
                 if self._due(config.thread_beat_after):
-                    lifecycle.heartbeat(self._beat())
+                    liveness.heartbeat(self._beat())
                     self.recorded()
                 busy = self._ledger.busy()
                 if self._maintenance_wanted or (busy and time.monotonic() >= next_maintenance):
@@ -110,7 +110,7 @@ class Heartbeat:
         jobs = self._ledger.leased()
         if not jobs:
             return
-        lost = lifecycle.extend_leases([j.message for j in jobs], self._config.lease_seconds)
+        lost = liveness.extend_leases([j.message for j in jobs], self._config.lease_seconds)
         for job in jobs:
             if job.message.pk in lost and not job.lease_lost:
                 job.lease_lost = True

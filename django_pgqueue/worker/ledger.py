@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from django_pgqueue import lifecycle
+from django_pgqueue import sql
 from django_pgqueue.worker.config import WorkerConfig
 from django_pgqueue.worker.job import ACK_PENDING, SETTLED, Job
 
@@ -60,7 +60,7 @@ class Ledger:
         flight before any thread starts (an atomic batch sees them)."""
         with self._lock:
             for job in jobs:
-                self._inflight[job.row[lifecycle.ROW_ID]] = job
+                self._inflight[job.row[sql.ROW_ID]] = job
             self.queued += len(jobs)
 
     def start(self, job: Job) -> bool:

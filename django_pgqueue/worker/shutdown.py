@@ -24,7 +24,7 @@ from typing import Any
 
 from django.db import DatabaseError
 
-from django_pgqueue import lifecycle
+from django_pgqueue import lifecycle, liveness
 from django_pgqueue.db import drop_broken_connections
 from django_pgqueue.worker.acks import Acks
 from django_pgqueue.worker.executor import Executor
@@ -117,7 +117,7 @@ def hand_back_leftover(ledger: Ledger, worker_id: str) -> None:
 def unregister(worker_id: str) -> None:
     """Remove the worker's row: it is gone, not dead."""
     try:
-        lifecycle.unregister(worker_id)
+        liveness.unregister(worker_id)
     except DatabaseError:
         logger.warning(
             "Worker %s: could not remove its row from the worker table; "
