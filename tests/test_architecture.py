@@ -76,6 +76,7 @@ LAYERS = [
         "interfaces",
         [
             "django_pgqueue.admin",
+            "django_pgqueue.templatetags",  # the admin pages' tags
             "django_pgqueue.observability",
             "django_pgqueue.management",
             "django_pgqueue.checks",

@@ -847,3 +847,26 @@ def test_a_claimed_message_is_built_through_the_orms_public_path(make_message):
     finally:
         post_init.disconnect(receiver, sender=Message)
     assert seen == [claimed] and seen[0] is claimed
+
+
+def test_message_from_db_shortcut_holds_what_django_builds(make_message):
+    """Message.from_db skips __init__ only where that cannot differ: no field
+    of Message is a relation (a foreign key's attname has a setter __init__
+    would run), a partial row (only()) takes Django's path and defers the
+    rest, and the full row gives the same values and state as __init__."""
+    assert not any(field.is_relation for field in Message._meta.concrete_fields)
+    made = make_message(run_at=NOW - SECOND)
+    partial = Message.objects.only("topic").get(pk=made.pk)
+    assert partial.get_deferred_fields() >= {"payload", "status"}
+    assert partial.status == made.status  # loaded on access, as Django does
+
+    row = [getattr(made, field.attname) for field in Message._meta.concrete_fields]
+    attnames = [field.attname for field in Message._meta.concrete_fields]
+    fast = Message.from_db("default", attnames, row)
+    slow = Message(*row)
+    assert {name: getattr(fast, name) for name in attnames} == {
+        name: getattr(slow, name) for name in attnames
+    }
+    assert (fast._state.db, fast._state.adding) == ("default", False)
+    assert fast.get_deferred_fields() == set()
+    assert fast == slow and hash(fast) == hash(slow)

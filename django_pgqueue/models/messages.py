@@ -10,10 +10,14 @@ A message lives in exactly one of the queue and dead-letter tables:
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.db.models import Q
+from django.db.models.base import ModelState
 from django.db.models.functions import Now
+from django.db.models.signals import post_init, pre_init
 
 from django_pgqueue import conf
 from django_pgqueue.fields import DateTimeField
@@ -157,3 +161,40 @@ class Message(models.Model):
 
     def __str__(self) -> str:
         return f"{self.topic} #{self.pk}"
+
+    @classmethod
+    def from_db(cls, db: str | None, field_names: Any, values: Any, **kwargs: Any) -> Message:
+        """Django's documented hook for loading a row, made cheap for the
+        common case: the worker builds one Message per claimed row (and every
+        queryset of messages goes through here too), and ``Model.__init__``
+        with its per-field ``setattr`` is a large share of the worker's CPU
+        per message (``benchmarks/instructions.py`` counts it). The result is
+        the instance Django builds: the fields' values in ``__dict__`` (where
+        the fields' descriptors read them), a ``ModelState`` with
+        ``adding=False`` and ``db``. Django's own path is taken whenever the
+        shortcut could differ: a row without every column
+        (``only()``/``defer()``), receivers of ``pre_init`` or ``post_init``
+        for Message (they must see ``__init__`` run), or any extra argument a
+        newer Django passes (6.1's ``fetch_mode``).
+        """
+        if (
+            kwargs
+            or len(values) != len(_ATTNAMES)
+            or pre_init.has_listeners(cls)
+            or post_init.has_listeners(cls)
+        ):
+            return super().from_db(db, field_names, values, **kwargs)
+        new = cls.__new__(cls)
+        # Positional, in the concrete fields' order, as Model.from_db passes
+        # a full row to __init__; no field of Message has a setter descriptor
+        # (no foreign key), so this is what __init__'s setattr does.
+        new.__dict__.update(zip(_ATTNAMES, values, strict=False))  # lengths checked above
+        state = ModelState()
+        state.adding = False
+        state.db = db
+        new._state = state
+        return new
+
+
+# Message's columns in the model's order (Model.from_db's positional order).
+_ATTNAMES = [field.attname for field in Message._meta.concrete_fields]
