@@ -1,0 +1,120 @@
+"""The limits of a queue (``PGQUEUE["QUEUES"]`` in its dict form, or set at
+run time: ``models.QueueState``): how many of its messages may run at once,
+all workers together (``concurrency``), and how many may start per second,
+minute or hour (``rate``, "100/m").
+
+    PGQUEUE = {"QUEUES": {
+        "default": {},
+        "payments": {"concurrency": 3},
+        "emails": {"rate": "100/m"},
+    }}
+
+The list form (``["default", "emails"]``) names queues without limits.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+# "N/s", "N/m", "N/h": at most N starts in any window of that length.
+RATE_RE = re.compile(r"^([1-9][0-9]{0,8})/([smh])\Z")
+RATE_PERIODS = {"s": 1, "m": 60, "h": 3600}
+# The longest period a rate can have: starts older than this never count.
+LONGEST_PERIOD = max(RATE_PERIODS.values())
+CONCURRENCY_MAX = 1_000_000
+LIMIT_KEYS = ("concurrency", "rate")
+
+
+@dataclass(frozen=True)
+class Rate:
+    """At most ``count`` messages start in any ``seconds``-long window."""
+
+    count: int
+    seconds: int
+
+    def __str__(self) -> str:
+        unit = next(u for u, s in RATE_PERIODS.items() if s == self.seconds)
+        return f"{self.count}/{unit}"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A queue's limits; None: no limit of that kind."""
+
+    concurrency: int | None = None
+    rate: Rate | None = None
+
+    def __bool__(self) -> bool:
+        return self.concurrency is not None or self.rate is not None
+
+    def __str__(self) -> str:
+        parts = []
+        if self.concurrency is not None:
+            parts.append(f"concurrency {self.concurrency}")
+        if self.rate is not None:
+            parts.append(f"rate {self.rate}")
+        return ", ".join(parts) or "none"
+
+
+NO_LIMITS = Limits()
+
+
+def rate_problem(value: object) -> str | None:
+    """Why ``value`` is not a rate ("100/m"), or None."""
+    if not isinstance(value, str) or not RATE_RE.match(value):
+        return (
+            "must be a rate like '20/s', '100/m' or '500/h' (a whole number of at least 1, "
+            "then /s, /m or /h)"
+        )
+    return None
+
+
+def parse_rate(value: str) -> Rate:
+    """``value`` ("100/m") as a Rate; ValueError says what is wrong."""
+    match = RATE_RE.match(value) if isinstance(value, str) else None
+    if match is None:
+        raise ValueError(f"rate {value!r} {rate_problem(value)}")
+    return Rate(int(match.group(1)), RATE_PERIODS[match.group(2)])
+
+
+def concurrency_problem(value: object) -> str | None:
+    """Why ``value`` is not a concurrency limit, or None."""
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= CONCURRENCY_MAX:
+        return None
+    return f"must be a whole number from 1 to {CONCURRENCY_MAX}"
+
+
+def limits_problem(value: object) -> str | None:
+    """Why ``value`` (a queue's entry in the dict form of QUEUES) is not a
+    dict of limits, or None."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        return "must be a dict of limits ({} or None for none)"
+    for key, limit in value.items():
+        if key not in LIMIT_KEYS:
+            return f"has an unknown limit {key!r} (known: {', '.join(LIMIT_KEYS)})"
+        if limit is None:
+            continue
+        problem = concurrency_problem(limit) if key == "concurrency" else rate_problem(limit)
+        if problem:
+            return f"{key} {problem}"
+    return None
+
+
+def limits_of(value: dict[str, Any]) -> Limits:
+    """A queue's entry in the dict form of QUEUES as Limits (validated by
+    the checks: ``limits_problem``)."""
+    rate = value.get("rate")
+    return Limits(value.get("concurrency"), None if rate is None else parse_rate(rate))
+
+
+def configured_limits(queues: object) -> dict[str, Limits]:
+    """{queue: Limits} of the queues that the setting QUEUES (``queues``)
+    gives limits; the list form gives none."""
+    if not isinstance(queues, dict):
+        return {}
+    found = {name: limits_of(value or {}) for name, value in queues.items()}
+    return {name: limits for name, limits in found.items() if limits}

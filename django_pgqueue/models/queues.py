@@ -1,0 +1,72 @@
+"""The run-time state of the queues: paused or not, and limits that override
+``PGQUEUE["QUEUES"]`` (``QueueState``); the starts of rate-limited queues
+(``QueueStart``). Changed only through ``django_pgqueue.controls`` (and the
+limited claim, for the starts)."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+
+from django_pgqueue import conf
+from django_pgqueue.conf.limits import CONCURRENCY_MAX
+from django_pgqueue.fields import DateTimeField
+
+
+class QueueState(models.Model):
+    """One row per queue whose state was ever changed at run time. A queue
+    without a row is running, with the limits of the settings.
+
+    Every worker keeps the paused queues and the limits in memory, read
+    again when a NOTIFY says they changed (within a second) and on its poll
+    interval: the claim of a queue without limits never reads this table.
+    """
+
+    name = models.CharField(max_length=conf.QUEUE_MAX_LENGTH, primary_key=True)
+    paused = models.BooleanField(db_default=False)
+    paused_at = DateTimeField(null=True, blank=True)
+    # Who paused or resumed it last (a user name, a login name), for the record.
+    changed_by = models.CharField(max_length=150, db_default="", blank=True)
+    # True: the limits below hold, not those of PGQUEUE["QUEUES"] (an empty
+    # one meaning "none"); False: the settings' hold.
+    limits_set = models.BooleanField(db_default=False)
+    concurrency = models.IntegerField(null=True, blank=True)
+    rate = models.CharField(max_length=16, db_default="", blank=True)
+    updated_at = DateTimeField(db_default=Now())
+
+    class Meta:
+        verbose_name = "queue"
+        permissions = [("pause_queuestate", "Can pause and resume queues")]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(concurrency__isnull=True)
+                | Q(concurrency__gte=1, concurrency__lte=CONCURRENCY_MAX),
+                name="pgqueue_queue_concurrency_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(rate="") | Q(rate__regex=r"^[1-9][0-9]{0,8}/[smh]$"),
+                name="pgqueue_queue_rate_format",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class QueueStart(models.Model):
+    """How many messages of a rate-limited queue one claim started, and
+    when: the limited claim counts the starts in the rate's window from
+    here, and deletes those older than the longest window (an hour)."""
+
+    id = models.BigAutoField(primary_key=True)
+    queue = models.CharField(max_length=conf.QUEUE_MAX_LENGTH)
+    started_at = DateTimeField()
+    count = models.IntegerField()
+
+    class Meta:
+        verbose_name = "queue start"
+        indexes = [models.Index(fields=["queue", "started_at"], name="pgqueue_start_window_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.count} of {self.queue} at {self.started_at}"
