@@ -23,6 +23,13 @@ _API = {
     "revive": "django_pgqueue.deadletters",
     "resolve": "django_pgqueue.deadletters",
     "categorize": "django_pgqueue.deadletters",
+    # run-time control of the queues
+    "pause_queue": "django_pgqueue.controls",
+    "resume_queue": "django_pgqueue.controls",
+    "paused_queues": "django_pgqueue.controls",
+    "cancel": "django_pgqueue.lifecycle",
+    "cancel_requested": "django_pgqueue.running",
+    "QueueControlError": "django_pgqueue.exceptions",
     # streams (the transactional outbox)
     "publish": "django_pgqueue.streams",
     "subscriber": "django_pgqueue.streams.subscribers",

@@ -13,6 +13,7 @@ POSTGRESQL_ENGINES = ("django.db.backends.postgresql",)
 def register():
     checks.register(check_settings, checks.Tags.compatibility)
     checks.register(check_database, checks.Tags.compatibility)
+    checks.register(check_schedules, checks.Tags.compatibility)
     # Tagged "database": it queries the server, so Django runs it only when
     # asked to (manage.py check --database, migrate).
     checks.register(check_vacuum, checks.Tags.database)
@@ -36,6 +37,75 @@ def _check_timeouts():
             )
         ]
     return []
+
+
+def check_schedules(app_configs=None, **kwargs):
+    """pgqueue.E110: a bad entry of PGQUEUE["SCHEDULES"] (or schedule= of a
+    handler), one error per field; pgqueue.E111: a schedule's task cannot be
+    enqueued through PgQueueBackend. pgqueue_worker refuses to start on
+    either (its system checks), so no worker runs a schedule half right."""
+    from django_pgqueue.schedules import configured
+
+    try:
+        entries = conf.get("SCHEDULES")
+    except ImproperlyConfigured:
+        return []  # PGQUEUE itself is not a dict: check_settings reports it
+    if not isinstance(entries, dict) or not all(isinstance(name, str) for name in entries):
+        return []  # not a dict of names: check_settings reports it (pgqueue.E003)
+    specs, found = configured.load()
+    errors = [
+        checks.Error(
+            f"PGQUEUE['SCHEDULES'][{problem.name!r}]"
+            + (f"[{problem.field!r}]" if problem.field else "")
+            + f": {problem.problem}.",
+            hint=problem.hint,
+            id="pgqueue.E110",
+        )
+        for problem in found
+    ]
+    for spec in specs:
+        if spec.task is not None:
+            problem = _task_problem(spec.task)
+            if problem:
+                errors.append(
+                    checks.Error(
+                        f"PGQUEUE['SCHEDULES'][{spec.name!r}]['task']: {problem}.",
+                        hint="Name a function decorated with django.tasks' @task, whose "
+                        "backend (TASKS) is django_pgqueue.tasks.PgQueueBackend.",
+                        id="pgqueue.E111",
+                    )
+                )
+    return errors
+
+
+def _task_problem(path):
+    """Why the task ``path`` cannot be a schedule's, or None."""
+    import django
+    from django.utils.module_loading import import_string
+
+    if django.VERSION < (6, 0):
+        return f"{path!r} needs Django 6.0's Tasks framework (this is Django {django.__version__})"
+    from django.tasks import Task
+    from django.tasks.exceptions import InvalidTaskBackend
+
+    from django_pgqueue.tasks import PgQueueBackend
+
+    try:
+        task = import_string(path)
+    except ImportError as exc:
+        return f"{path!r} cannot be imported ({exc})"
+    if not isinstance(task, Task):
+        return f"{path!r} is a {type(task).__name__}, not a Task (decorate it with @task)"
+    try:
+        backend = task.get_backend()
+    except InvalidTaskBackend as exc:
+        return f"{path!r} names the Tasks backend {task.backend!r}, which fails ({exc})"
+    if not isinstance(backend, PgQueueBackend):
+        return (
+            f"{path!r} is enqueued through the Tasks backend {task.backend!r} "
+            f"({type(backend).__name__}), not PgQueueBackend: its runs would have no result here"
+        )
+    return None
 
 
 def check_database(app_configs=None, **kwargs):

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Unpack
 from django.db import connections, transaction
 from django.db.models import Q
 
-from django_pgqueue import conf, signals
+from django_pgqueue import conf, signals, tracing
 from django_pgqueue.db import prepared_cursor
 from django_pgqueue.exceptions import InvalidMessage
 from django_pgqueue.fields import timestamp_from_text
@@ -57,6 +57,20 @@ _FROM_DOCUMENT = """SELECT r->>0, r->>1, r->2, r->3, (r->>4)::smallint,
     (r->>7)::integer, r->>8, r->>9
 FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS input(r, n)
 ORDER BY n"""
+# Rows that share one Options (the usual enqueue_many: a topic and options
+# given once, a payload per message; validation.validate_many hands them the
+# same Options object) send those once, as parameters, and only their
+# payloads as the JSON array: per row the server then takes one value apart
+# instead of ten and computes no run_at of its own, and the client writes
+# only the payloads. A quarter less server CPU for a chunk of 1,000 than the
+# array of arrays above, which rows that differ still use; unnest() of ten
+# typed arrays, and COPY into a temporary table (for the ON CONFLICT and
+# RETURNING that COPY cannot do), cost about as much as that array
+# (benchmarks/insert_forms.py).
+_FROM_PAYLOADS = """SELECT %s, %s, p, %s::jsonb, %s::smallint,
+    COALESCE(%s::timestamptz, now() + make_interval(secs => %s)), %s::integer, %s, %s
+FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS input(p, n)
+ORDER BY n"""
 # One message: plain VALUES, with no JSON document to take apart, is cheaper
 # per call, which is what one-message-per-transaction callers pay.
 _VALUES = """VALUES (%s, %s, %s::jsonb, %s::jsonb, %s,
@@ -78,6 +92,8 @@ def _insert_sql(source: str, dedup: bool) -> str:
 
 INSERT_SQL = _insert_sql(_FROM_DOCUMENT, dedup=True)
 INSERT_NO_DEDUP_SQL = _insert_sql(_FROM_DOCUMENT, dedup=False)
+INSERT_SHARED_SQL = _insert_sql(_FROM_PAYLOADS, dedup=True)
+INSERT_SHARED_NO_DEDUP_SQL = _insert_sql(_FROM_PAYLOADS, dedup=False)
 INSERT_ONE_SQL = _insert_sql(_VALUES, dedup=True)
 INSERT_ONE_NO_DEDUP_SQL = _insert_sql(_VALUES, dedup=False)
 
@@ -127,7 +143,15 @@ def enqueue(
         headers=headers,
         max_attempts=max_attempts,
     )
-    return _enqueue_rows([validate(fields)], using)[0]
+    tracer = tracing.tracer()
+    if tracer is None:
+        return _enqueue_rows([validate(fields)], using)[0]
+    destination = queue or conf.get("DEFAULT_QUEUE")
+    with tracing.producing(tracer, destination, topic) as (span, carrier):
+        fields["headers"] = tracing.with_context(headers, carrier)
+        message = _enqueue_rows([validate(fields)], using)[0]
+        tracing.sent(span, message.pk)
+        return message
 
 
 def enqueue_many(
@@ -154,6 +178,29 @@ def enqueue_many(
         )
     if isinstance(messages, dict | str | bytes):
         raise InvalidMessage("enqueue_many() takes an iterable of dicts, one per message")
+    tracer = tracing.tracer()
+    if tracer is None:
+        return _enqueue_many(messages, using, defaults)
+    destination = defaults.get("queue") or conf.get("DEFAULT_QUEUE")
+    count = len(messages) if isinstance(messages, Sequence) else None
+    with tracing.producing(tracer, destination, defaults.get("topic"), count) as (_, carrier):
+        if not carrier:  # no SDK configured: nothing to carry
+            return _enqueue_many(messages, using, defaults)
+        given = defaults.get("headers")
+        traced = defaults["headers"] = tracing.with_context(given, carrier)
+        enqueued = _enqueue_many(tracing.with_context_many(messages, carrier), using, defaults)
+        if given is None:
+            # Each message its own headers, as without tracing (the shared
+            # dict was the statement's, not the caller's).
+            for message in enqueued:
+                if message.headers is traced:
+                    message.headers = dict(traced)
+        return enqueued
+
+
+def _enqueue_many(
+    messages: Iterable[dict[str, Any]], using: str | None, defaults: MessageFields
+) -> list[Message]:
     caller, queue_alias = _aliases(using)
     rows = validate_many(messages, defaults)
     if caller != queue_alias:
@@ -272,8 +319,13 @@ def _send_insert(
         params = _insert_values(rows[0])
         cursor = prepared_cursor(connection)
     else:
-        sql = (INSERT_SQL if dedup else INSERT_NO_DEDUP_SQL).format(table=table)
-        params = [_document(rows)]
+        shared = rows[0].options
+        if all(row.options is shared for row in rows):
+            sql = (INSERT_SHARED_SQL if dedup else INSERT_SHARED_NO_DEDUP_SQL).format(table=table)
+            params = [*_option_values(shared), _payloads(rows)]
+        else:
+            sql = (INSERT_SQL if dedup else INSERT_NO_DEDUP_SQL).format(table=table)
+            params = [_document(rows)]
         cursor = connection.cursor()
     cursor.execute(sql, params)
     return cursor, dedup
@@ -286,6 +338,19 @@ def _insert_values(row: Row) -> list[Any]:
         *(o.queue, o.topic, row.payload_json, o.headers_json, o.priority),
         *(o.run_at, o.delay_seconds, o.max_attempts, o.dedup_key, o.group_key),
     ]
+
+
+def _option_values(o: Options) -> list[Any]:
+    """INSERT_SHARED_SQL's parameters before the payloads."""
+    return [
+        *(o.queue, o.topic, o.headers_json, o.priority, o.run_at, o.delay_seconds),
+        *(o.max_attempts, o.dedup_key, o.group_key),
+    ]
+
+
+def _payloads(rows: Iterable[Row]) -> str:
+    """The rows' payloads as one JSON array (each is JSON text already)."""
+    return "[" + ",".join([row.payload_json for row in rows]) + "]"
 
 
 def _document(rows: Iterable[Row]) -> str:
@@ -361,6 +426,7 @@ def _unsaved(row: Row) -> Message:
     values = (  # in _FIELDS order
         None, o.queue, o.topic, row.payload, row.headers, Status.WAITING, o.priority, o.run_at,
         0, o.max_attempts, None, "", None, o.dedup_key, o.group_key, "", "", None, None, None,
+        None,
     )  # fmt: skip
     message = Message.from_db(None, _FIELDS, values)
     message._state.adding = True
@@ -373,7 +439,7 @@ _FIELDS = (
     *("id", "queue", "topic", "payload", "headers", "status", "priority", "run_at"),
     *("attempts", "max_attempts", "lease_expires_at", "locked_by", "lease_token"),
     *("dedup_key", "group_key", "last_error", "last_error_category", "first_failed_at"),
-    *("created_at", "updated_at"),
+    *("created_at", "updated_at", "cancel_requested_at"),
 )
 if _FIELDS != tuple(field.attname for field in Message._meta.concrete_fields):
     raise RuntimeError("enqueuing._FIELDS must list Message's concrete fields in their order")

@@ -31,6 +31,10 @@ class DeadLetterError(PgQueueError, ValueError):
     """The dead-letter operation cannot run as asked; nothing was changed."""
 
 
+class QueueControlError(PgQueueError, ValueError):
+    """A queue cannot be paused, resumed or limited, or messages cancelled, as asked."""
+
+
 class DuplicateHandler(PgQueueError):
     """Two handlers are registered for one topic."""
 

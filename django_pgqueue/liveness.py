@@ -101,6 +101,23 @@ def extend_leases(
     return lost
 
 
+def cancel_requested(jobs: Sequence[Any]) -> set[int]:
+    """The ids of the messages of ``jobs`` (held by this worker: anything
+    with a ``message``) whose cancellation was asked, in one query (none
+    when there are no jobs)."""
+    if not jobs:
+        return set()
+    return set(
+        Message.objects.using(conf.database_alias())
+        .filter(
+            pk__in=[job.message.pk for job in jobs],
+            status=Status.PROCESSING,
+            cancel_requested_at__isnull=False,
+        )
+        .values_list("pk", flat=True)
+    )
+
+
 @dataclass(frozen=True)
 class Probe:
     """An idle worker's view of the queue (sql.PROBE_SQL)."""
@@ -109,6 +126,9 @@ class Probe:
     next_run_at: datetime.datetime | None  # earliest run_at waiting in the queues
     oldest_lease: datetime.datetime | None  # earliest lease expiry, any queue
     groups_released: bool = False  # a message group waits for its next message's promotion
+    # A fingerprint of the queues' run-time state (paused, limits): changed
+    # when it changed.
+    controls_version: str = ""
 
     @property
     def ready(self) -> bool:

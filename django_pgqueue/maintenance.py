@@ -10,7 +10,13 @@ that returns counts; the callers only schedule rounds:
   table when that run was their last attempt;
 - the rows of workers dead for DEAD_WORKER_RETENTION are deleted;
 - stream events that every subscription has passed, past their retention,
-  are deleted (streams.prune_events).
+  are deleted (streams.prune_events);
+- cancelled messages past CANCELLED_RETENTION are deleted, and the starts
+  of rate-limited queues that no window reaches (``prune_cancelled``);
+- after the round, at most every PRUNE_INTERVAL seconds per process: the
+  history, the overview's counts, resolved dead letters and Tasks results
+  past their retention (``prune``, in batches of ``retention.BATCH_SIZE``
+  rows, each batch its own transaction under the maintenance lock).
 """
 
 from __future__ import annotations
@@ -20,23 +26,29 @@ import logging
 import os
 import time
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.db import connections
 from django.db.models import F, Q
 from django.db.models.functions import Now
 
-from django_pgqueue import conf, lifecycle, policy, registry, sql, streams
-from django_pgqueue.models import Category, Message, Status, WorkerHeartbeat
+from django_pgqueue import conf, lifecycle, policy, registry, retention, sql, sql_history, streams
+from django_pgqueue.models import Category, Message, QueueStart, Status, WorkerHeartbeat
 
 logger = logging.getLogger(__name__)
 
 # The maintenance lock's key (sql.MAINTENANCE_LOCK_SQL): "pgqu".
 MAINTENANCE_LOCK_KEY = 0x70677175
 
-# A dead worker's row stays this long after its last heartbeat, so status and
-# the admin still show what died; then maintenance deletes it.
-DEAD_WORKER_RETENTION = datetime.timedelta(days=1)
+# A dead worker's row stays this long after its last heartbeat (retention).
+DEAD_WORKER_RETENTION = retention.DEAD_WORKER_RETENTION
+# Seconds between two prunes (``prune``) by one process's rounds: a prune
+# that finds nothing is five index probes, but a busy worker runs a round
+# every few seconds. Time-bounded: a prune stops after PRUNE_BUDGET seconds
+# (the next one goes on), so a backlog of old rows never holds up the round.
+PRUNE_INTERVAL = 60.0
+PRUNE_BUDGET = 5.0
+_next_prune = 0.0  # time.monotonic() of this process's next prune
 
 
 @dataclass(frozen=True)
@@ -45,12 +57,28 @@ class MaintenanceResult:
     rescued_dead_lettered: int
     workers_pruned: int = 0
     events_pruned: int = 0  # streams: events past their retention
+    cancelled_pruned: int = 0  # cancelled messages past CANCELLED_RETENTION
+    # The prune after the round, when one was due (not compared: when it is
+    # due depends on the process's earlier rounds).
+    pruned: PruneResult | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    """Rows deleted (or, in a dry run, due) by kind (retention.KINDS)."""
+
+    counts: dict[str, int]
+    complete: bool = True  # False: stopped by the time budget (or the lock); more is due
+
+    def __str__(self) -> str:
+        return ", ".join(f"{kind} {n}" for kind, n in self.counts.items())
 
 
 @dataclass(frozen=True)
 class RescueResult:
     requeued: int
     dead_lettered: int
+    cancelled: int = 0  # their cancellation was asked: cancelled, not requeued
 
 
 def try_maintenance_lock() -> bool:
@@ -76,12 +104,10 @@ def run_once(
             return None
         began = time.time()
         rescue = rescue_expired(now=now, limit=rescue_limit)
-        pruned, _ = (
-            WorkerHeartbeat.objects.using(conf.database_alias())
-            .filter(expires_at__lt=(now or Now()) - DEAD_WORKER_RETENTION)
-            .delete()
-        )
+        pruned = retention.delete_batch("workers", now, conf.database_alias(), retention.BATCH_SIZE)
         events_pruned = streams.prune_events(now=now)
+        cancelled_pruned = prune_cancelled(now=now)
+        sql_history.fold_counts(now)  # the overview's counts: one row per minute
         # Logged before the commit releases the lock: the rounds' times, in
         # the logs of every worker, never overlap (one worker at a time).
         logger.debug(
@@ -97,12 +123,68 @@ def run_once(
             rescue.dead_lettered,
             extra={"rescued": rescue.requeued},
         )
+    global _next_prune
+    pruned_now = None
+    if time.monotonic() >= _next_prune:
+        _next_prune = time.monotonic() + PRUNE_INTERVAL
+        pruned_now = prune(now=now)
     return MaintenanceResult(
         rescued=rescue.requeued,
         rescued_dead_lettered=rescue.dead_lettered,
         workers_pruned=pruned,
         events_pruned=events_pruned,
+        cancelled_pruned=cancelled_pruned,
+        pruned=pruned_now,
     )
+
+
+def prune(
+    now: datetime.datetime | None = None,
+    *,
+    dry_run: bool = False,
+    budget: float = PRUNE_BUDGET,
+    batch_size: int = retention.BATCH_SIZE,
+) -> PruneResult:
+    """Delete what is past its retention (retention.KINDS), each kind in
+    batches of at most ``batch_size`` rows: each batch is one DELETE in a
+    transaction of its own that holds the maintenance lock (so two workers
+    never prune at once, and no batch holds its locks for long or makes a
+    big transaction). Stops after ``budget`` seconds, or when another
+    process holds the lock (its round prunes), with ``complete`` False.
+    ``dry_run``: delete nothing, count what is due."""
+    using = conf.database_alias()
+    counts = dict.fromkeys(retention.KINDS, 0)
+    if dry_run:
+        for kind in retention.KINDS:
+            counts[kind] = retention.count_due(kind, now, using)
+        return PruneResult(counts)
+    deadline = time.monotonic() + budget
+    for kind in retention.KINDS:
+        while True:
+            if time.monotonic() >= deadline:
+                return _pruned(PruneResult(counts, complete=False))
+            with sql.worker_transaction(using):
+                if not try_maintenance_lock():
+                    return _pruned(PruneResult(counts, complete=False))
+                deleted = retention.delete_batch(kind, now, using, batch_size)
+            counts[kind] += deleted
+            if deleted < batch_size:
+                break
+    with sql.worker_transaction(using):
+        if try_maintenance_lock():
+            sql_history.summarize_history_indexes(using)
+    return _pruned(PruneResult(counts))
+
+
+def _pruned(result: PruneResult) -> PruneResult:
+    if any(result.counts.values()):
+        logger.info(
+            "Maintenance: pruned %s%s",
+            result,
+            "" if result.complete else " (more is due)",
+            extra={"pruned": result.counts},
+        )
+    return result
 
 
 def rescue_expired(now: datetime.datetime | None = None, limit: int = 1000) -> RescueResult:
@@ -139,7 +221,14 @@ def rescue_expired(now: datetime.datetime | None = None, limit: int = 1000) -> R
         beats = _last_beats({m.locked_by for m in expired if m.locked_by}, using)
         requeue: list[Message] = []
         exhausted: list[Message] = []
+        cancelled = 0
         for message in expired:
+            if message.cancel_requested_at is not None:
+                # Its cancellation was asked: it never runs again.
+                cancelled += lifecycle.cancel_running(
+                    message, f"cancelled: {_lost_reason(message, beats)}", now=now
+                )
+                continue
             spec = registry.lookup(message.topic)
             limit_reached = message.attempts >= policy.max_attempts_for(message, spec)
             (exhausted if limit_reached else requeue).append(message)
@@ -154,7 +243,28 @@ def rescue_expired(now: datetime.datetime | None = None, limit: int = 1000) -> R
                 message, Category.TRANSIENT, reason, worker=message.locked_by, now=now
             )
             dead_lettered += dead is not None
-    return RescueResult(requeued=requeued, dead_lettered=dead_lettered)
+    return RescueResult(requeued=requeued, dead_lettered=dead_lettered, cancelled=cancelled)
+
+
+def prune_cancelled(now: datetime.datetime | None = None, limit: int = 10_000) -> int:
+    """Delete up to ``limit`` cancelled messages older than
+    CANCELLED_RETENTION (none when it is None), and the starts of
+    rate-limited queues that no window reaches any more (the claims delete
+    their own queue's; these are of queues whose rate was removed).
+    Returns how many messages it deleted."""
+    using = conf.database_alias()
+    clock = now or Now()
+    QueueStart.objects.using(using).filter(
+        started_at__lt=clock - datetime.timedelta(seconds=conf.LONGEST_PERIOD)
+    ).delete()
+    retention = conf.get("CANCELLED_RETENTION")
+    if retention is None:
+        return 0
+    old = Message.objects.using(using).filter(
+        status=Status.CANCELLED, updated_at__lt=clock - datetime.timedelta(seconds=retention)
+    )
+    deleted, _ = Message.objects.using(using).filter(pk__in=old.values("pk")[:limit]).delete()
+    return deleted
 
 
 def _last_beats(worker_ids: Collection[str], using: str) -> dict[str, datetime.datetime]:

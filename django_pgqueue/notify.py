@@ -36,6 +36,9 @@ CHANNEL = "django_pgqueue"
 # A grouped message's insert (it arrives blocked): workers promote the next
 # message of released groups (migration 0009). Empty payload.
 GROUPS_CHANNEL = "django_pgqueue_groups"
+# Run-time control (controls, lifecycle.cancel): a queue's state changed
+# ("queues"), cancellation was asked for running messages ("cancel:<ids>").
+CONTROL_CHANNEL = "django_pgqueue_control"
 TRIGGER = "pgqueue_notify_insert"
 
 

@@ -25,6 +25,7 @@ from django.utils.module_loading import autodiscover_modules
 
 from django_pgqueue import conf
 from django_pgqueue.exceptions import DuplicateHandler
+from django_pgqueue.schedules.spec import ScheduleSpec, from_handler
 
 
 class Spec(Protocol):
@@ -104,10 +105,12 @@ class HandlerSpec:
     is_async: bool
     location: str
     dead_letter_blocks_group: bool | None = None
+    schedule: ScheduleSpec | None = None  # schedule=: ticks enqueued to its topic
 
 
 _handlers: Specs[HandlerSpec] = Specs("topic", DuplicateHandler, "two handlers for topic")
 register, unregister, lookup = _handlers.register, _handlers.unregister, _handlers.lookup
+all_handlers = _handlers.all
 
 
 def handler(
@@ -120,6 +123,7 @@ def handler(
     backoff_cap: float | datetime.timedelta | None = None,
     backoff_jitter: bool | None = None,
     dead_letter_blocks_group: bool | None = None,
+    schedule: str | float | datetime.timedelta | dict[str, Any] | None = None,
 ) -> Callable[[F], F]:
     """Register the decorated function as the handler of ``topic``.
 
@@ -128,6 +132,11 @@ def handler(
     the worker waits for it. The other options override the PGQUEUE settings
     of the same name for this topic (``dead_letter_blocks_group``: the
     setting DEAD_LETTER_BLOCKS_GROUP). ``async def`` functions are accepted.
+
+    ``schedule``: enqueue a message for ``topic`` periodically, as an entry
+    of PGQUEUE["SCHEDULES"] named after the topic would: a cron expression
+    ("0 6 * * mon"), an interval (seconds or a timedelta), or a dict of the
+    entry's other fields ({"cron": ..., "payload": ..., "timezone": ...}).
     """
     problem = conf.name_problem("topic", topic, conf.TOPIC_MAX_LENGTH)
     if problem:
@@ -144,6 +153,8 @@ def handler(
         raise ValueError(f"{where}: backoff_jitter must be True, False or None")
     if dead_letter_blocks_group is not None and not isinstance(dead_letter_blocks_group, bool):
         raise ValueError(f"{where}: dead_letter_blocks_group must be True, False or None")
+    # InvalidSchedule is a ValueError that names the field and says how to fix it.
+    scheduled = None if schedule is None else from_handler(topic, schedule, where)
     return _handlers.decorator(
         where,
         functools.partial(
@@ -156,6 +167,7 @@ def handler(
             backoff_cap=cap_seconds,
             backoff_jitter=backoff_jitter,
             dead_letter_blocks_group=dead_letter_blocks_group,
+            schedule=scheduled,
         ),
     )
 

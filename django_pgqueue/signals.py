@@ -40,8 +40,10 @@ message_enqueued = Signal()
 # Arguments: ``message``, ``duration`` (seconds), ``worker`` (worker id).
 message_done = Signal()
 
-# A failed message was scheduled to run again.
-# Arguments: ``message``, ``category``, ``reason``, ``retry_at``, ``worker``.
+# A failed message was scheduled to run again, or maintenance returned a run
+# lost with its worker (``lost=True``, ``worker`` the lost one, ``delay`` 0).
+# Arguments: ``message``, ``category``, ``reason``, ``delay`` (seconds),
+# ``worker``, ``lost``.
 message_retried = Signal()
 
 # A message moved to the dead-letter table (from a worker, maintenance's rescue
@@ -50,6 +52,13 @@ message_retried = Signal()
 # attempts, worker, queue...), ``message_id``. django-pgqueue's webhook alerts
 # (``observability/alerts.py``) are one receiver.
 dead_lettered = Signal()
+
+# A message was cancelled (``django_pgqueue.cancel``): at once when it was
+# waiting, delayed or blocked; when its run ended without finishing when it
+# was running (a handler that finishes anyway sends ``message_done``
+# instead). Sent once per message, with ``sender=Message``. Arguments:
+# ``message``, ``worker`` (the worker id that ran it, "" if it never ran).
+message_cancelled = Signal()
 
 
 # --- streams (the transactional outbox) -------------------------------------------------

@@ -24,7 +24,14 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field, JSONField, Model
 
 from django_pgqueue import conf
-from django_pgqueue.models import GroupRelease, Message, WorkerHeartbeat, timestamp_from_text
+from django_pgqueue.models import (
+    GroupRelease,
+    Message,
+    QueueState,
+    ScheduleTick,
+    WorkerHeartbeat,
+    timestamp_from_text,
+)
 
 
 def table(connection: BaseDatabaseWrapper, model: type[Model]) -> str:
@@ -105,7 +112,7 @@ WHERE m.ctid = ANY(ARRAY(
     ORDER BY {order} LIMIT {limit} FOR UPDATE SKIP LOCKED))
 RETURNING {columns}
 """
-_ASYNC_COMMIT_COLUMN = ", set_config('synchronous_commit', 'off', true) AS async_commit"
+ASYNC_COMMIT_COLUMN = ", set_config('synchronous_commit', 'off', true) AS async_commit"
 _CLAIM_ORDER = "priority DESC, run_at, id"
 _FEW_READY_ORDER = "run_at"
 
@@ -152,17 +159,22 @@ def _claim_sql(using: str, fixed_now: bool, async_commit: bool, written_limit: i
     """CLAIM_SQL for ``using``; ``written_limit``: a few_ready claim's limit,
     written into the text (else the limit is bound)."""
     connection = connections[using]
-    quote = connection.ops.quote_name
     return CLAIM_SQL.format(
-        async_commit=_ASYNC_COMMIT_COLUMN if async_commit else "",
+        async_commit=ASYNC_COMMIT_COLUMN if async_commit else "",
         table=table(connection, Message),
         ready_until="(SELECT now FROM clock)" if fixed_now else "statement_timestamp()",
         order=_CLAIM_ORDER if written_limit is None else _FEW_READY_ORDER,
         limit="%s" if written_limit is None else str(int(written_limit)),
-        columns=", ".join(
-            f"m.{quote(str(f.column))}" + ("::text" if i in _TIMESTAMP_COLUMNS else "")
-            for i, f in enumerate(CLAIM_FIELDS)
-        ),
+        columns=claim_columns(connection),
+    )
+
+
+def claim_columns(connection: BaseDatabaseWrapper) -> str:
+    """The claim's RETURNING list: every column, timestamps as text."""
+    quote = connection.ops.quote_name
+    return ", ".join(
+        f"m.{quote(str(f.column))}" + ("::text" if i in _TIMESTAMP_COLUMNS else "")
+        for i, f in enumerate(CLAIM_FIELDS)
     )
 
 
@@ -315,6 +327,13 @@ def worker_transaction(using: str | None = None, savepoint: bool = True) -> Iter
 
 # The wake-up the insert trigger sends, for changes that are not inserts.
 NOTIFY_SQL = "SELECT pg_notify('django_pgqueue', queue) FROM unnest(%s::text[]) AS queue"
+# The control channel (notify.CONTROL_CHANNEL): a queue was paused, resumed
+# or given limits ("queues"), cancellation was asked for running messages
+# ("cancel:<id>,<id>..."). Sent in the transaction of the change, so
+# delivered at its commit, and only then.
+CONTROL_NOTIFY_SQL = (
+    "SELECT pg_notify('django_pgqueue_control', payload) FROM unnest(%s::text[]) AS payload"
+)
 
 # Message groups: promote the next message of released groups (the function
 # of migration 0009; see models.GroupRelease), which the ORM cannot lock and
@@ -345,7 +364,9 @@ MAINTENANCE_LOCK_SQL = "SELECT pg_try_advisory_xact_lock(%s)"
 # Each subquery reads the head of a partial index (the ORM cannot say the
 # LATERAL join per queue). A row written by another client may hold
 # 'infinity' or '-infinity', which Python cannot load: the first reads as
-# "never" (NULL), the second as "now".
+# "never" (NULL), the second as "now". Last, a fingerprint of the queues'
+# run-time state (models.QueueState: paused queues, limits): the fallback
+# of its NOTIFY, read again only when the fingerprint changed.
 PROBE_SQL = """
 SELECT now(),
     (SELECT {finite} FROM (SELECT min(head.run_at) AS t FROM unnest(%s::text[]) AS q(name),
@@ -353,7 +374,8 @@ SELECT now(),
         ORDER BY run_at LIMIT 1) AS head) AS due),
     (SELECT {finite} FROM (SELECT min(lease_expires_at) AS t FROM {table}
         WHERE status = 'processing') AS lease),
-    EXISTS (SELECT 1 FROM {releases})
+    EXISTS (SELECT 1 FROM {releases}),
+    (SELECT count(*) || ' ' || COALESCE(max(updated_at)::text, '') FROM {queue_states})
 """.replace("{finite}", "CASE WHEN isfinite(t) THEN t WHEN t < now() THEN now() END")
 
 # A worker's heartbeat: insert or refresh its row (the ORM's
@@ -381,8 +403,53 @@ def probe_statement(connection: BaseDatabaseWrapper, with_heartbeat: bool = Fals
     ``with_heartbeat``, HEARTBEAT_SQL before it in a WITH (the heartbeat's
     parameters first)."""
     sql = PROBE_SQL.format(
-        table=table(connection, Message), releases=table(connection, GroupRelease)
+        table=table(connection, Message),
+        releases=table(connection, GroupRelease),
+        queue_states=table(connection, QueueState),
     )
     if with_heartbeat:
         sql = f"WITH beat AS ({heartbeat_statement(connection)}) {sql}"
     return sql
+
+
+# --- schedules ------------------------------------------------------------------
+
+# A scheduler round holds its schedules' row locks until it commits, and the
+# other schedulers skip what is locked. Should the round's client vanish
+# while its connection stays open (a host cut off from the network, a
+# process stopped), the server ends the transaction, and frees the locks,
+# after it sat idle this long; a live round is idle for milliseconds.
+SCHEDULE_IDLE_LIMIT_SQL = "SELECT set_config('idle_in_transaction_session_timeout', %s, true)"
+SCHEDULE_IDLE_LIMIT = "30s"
+
+# A scheduler round's clock and cursors, after it locked the schedules'
+# state rows: the database's time (every host agrees on it, so no host's
+# clock skew can double or skip a tick) and each schedule's latest tick in
+# the ledger. A statement of its own after the lock: under READ COMMITTED it
+# sees the ticks another scheduler committed just before the lock was
+# granted. One row even for no names (the clock); the newest tick is read
+# from the head of the (schedule, tick) unique index, which the ORM's
+# GROUP BY max() would not do.
+SCHEDULE_CURSORS_SQL = """
+SELECT clock.now, s.name, (SELECT t.tick FROM {ticks} AS t WHERE t.schedule = s.name
+    ORDER BY t.tick DESC LIMIT 1)
+FROM (SELECT statement_timestamp()) AS clock(now)
+LEFT JOIN unnest(%s::text[]) AS s(name) ON true
+"""
+
+# Record ticks of a schedule in the ledger, each once: the ticks that
+# another scheduler recorded already are left out (ON CONFLICT DO NOTHING on
+# the unique (schedule, tick)), and only the ticks this statement recorded
+# come back, which the ORM's bulk_create(ignore_conflicts=True) cannot tell.
+# The caller enqueues their messages in the same transaction.
+SCHEDULE_TICKS_SQL = """
+INSERT INTO {ticks} (schedule, tick)
+SELECT %s, tick FROM unnest(%s::timestamptz[]) AS tick ORDER BY tick
+ON CONFLICT (schedule, tick) DO NOTHING
+RETURNING id, tick
+"""
+
+
+def schedule_statement(connection: BaseDatabaseWrapper, sql: str) -> str:
+    """A SCHEDULE_*_SQL statement for ``connection``."""
+    return sql.format(ticks=table(connection, ScheduleTick))

@@ -26,6 +26,7 @@ from django_pgqueue import (
     lifecycle,
     policy,
     registry,
+    testing,
 )
 from django_pgqueue.exceptions import Permanent
 from django_pgqueue.models import AlertState, Category, DeadLetter, Message, Status
@@ -250,7 +251,7 @@ def test_a_dead_letter_queues_one_alert_message_with_everything_an_alert_needs(
         dead = lifecycle.dead_letter(
             message, Category.DEPENDENCY, "ConnectionError: payment down\nsecond line", worker="w-1"
         )
-    alert = Message.objects.get(topic=conf.ALERT_TOPIC)
+    [alert] = testing.assert_enqueued(conf.ALERT_TOPIC, count=1)
     assert (alert.queue, alert.max_attempts) == ("billing", 3), "its queue, 1 + retries tries"
     assert alert.payload == {
         "event": "dead_lettered",
@@ -314,7 +315,7 @@ def test_no_alerts_without_a_url_and_never_about_an_undeliverable_alert(make_dea
     with alert_settings():
         assert alerts.raise_alert(make_dead_letter(topic=conf.ALERT_TOPIC)) is None
     assert not AlertState.objects.exists(), "no window was opened or counted"
-    assert not Message.objects.exists(), "no alert was queued"
+    testing.assert_not_enqueued()  # no alert was queued
 
 
 @pytest.mark.django_db

@@ -137,7 +137,7 @@ def test_triage_a_dead_letter_in_the_browser(live_server, django_user_model, mak
             assert "mail.send\tbusiness\t1" in dead_table, dead_table
             assert "mail.send\tpermanent\t1" in dead_table, dead_table
             depth = page.locator("#pgqueue-depth").inner_text()
-            assert "default\t3\t0\t0\t0\t4m" in depth, depth  # 2 fabricated + 1 revived
+            assert "default\t3\t0\t0\t0\t0\t4m" in depth, depth  # 2 fabricated + 1 revived
             assert page.locator(".pgqueue-bars .bar").count() == len(Category.values)
             page.screenshot(path=str(RESULTS / "summary.png"), full_page=True)
         finally:

@@ -413,6 +413,21 @@ ALERT_TESTS = [
             fires("11m", "PgQueueBacklogHigh", {"queue": "default", **WARNING}),
         ],
     },
+    # The same backlog and age in a queue an operator paused ("mail", from
+    # the start; "sms" from minute 5): no alert while it is paused.
+    {
+        "input_series": [
+            series("pgqueue_messages", "2000x30", queue="mail", topic="m", state="ready"),
+            series("pgqueue_queue_paused", "1x30", queue="mail"),
+            series("pgqueue_oldest_ready_age_seconds", "900x30", queue="mail"),
+            series("pgqueue_oldest_ready_age_seconds", "900x30", queue="sms"),
+            series("pgqueue_queue_paused", "0x4 1x25", queue="sms"),
+        ],
+        "alert_rule_test": [
+            fires("11m", "PgQueueBacklogHigh"),
+            fires("12m", "PgQueueOldestMessageTooOld"),
+        ],
+    },
     # Queue "default"'s oldest ready message is 400s old from minute 6.
     {
         "input_series": [

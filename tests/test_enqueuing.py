@@ -12,7 +12,7 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_pgqueue import enqueue, enqueue_many, enqueuing
+from django_pgqueue import enqueue, enqueue_many, enqueuing, testing
 from django_pgqueue.exceptions import InvalidMessage
 from django_pgqueue.models import Message, Status
 from django_pgqueue.notify import CHANNEL
@@ -322,7 +322,7 @@ def test_dedup_returns_the_unfinished_message_instead_of_a_second_row():
     assert second.created is False, "the return value must say no row was inserted"
     assert second.pk == first.pk
     assert second.payload == {"to": "a"}, "the existing message is returned"
-    assert Message.objects.filter(topic="emails.send").count() == 1
+    testing.assert_enqueued("emails.send", count=1)
 
 
 @pytest.mark.django_db
@@ -414,6 +414,49 @@ def test_enqueue_many_writes_all_rows_in_one_statement_and_returns_them():
     assert stored[ids[10]].priority == 5
     assert stored[ids[20]].topic == "other.topic"
     assert {m.queue for m in stored.values()} == {"bulk"}
+
+
+@pytest.mark.django_db
+def test_options_given_once_are_stored_as_when_each_message_gives_them():
+    """enqueue_many's shared-options INSERT (options as parameters, payloads
+    as one array) stores what its array-of-rows INSERT stores."""
+    at = timezone.now() + datetime.timedelta(hours=1)
+    options = {
+        "queue": "bulk", "priority": -7, "max_attempts": 4, "headers": {"source": "import"},
+    }  # fmt: skip
+    for timing in ({"delay": 30.25}, {"run_at": at}, {}):
+        shared = enqueue_many(
+            [{"payload": {"n": n}} for n in range(3)], topic="t.shared", **options, **timing
+        )
+        each = enqueue_many(
+            [{"payload": {"n": n}, "topic": "t.shared", **options, **timing} for n in range(3)]
+            + [{"payload": "mixed", "topic": "t.other"}]  # rows that differ: the other INSERT
+        )[:3]
+        for one, other in zip(shared, each, strict=True):
+            a, b = Message.objects.get(pk=one.pk), Message.objects.get(pk=other.pk)
+            for field in ("queue", "topic", "payload", "headers", "priority", "max_attempts"):
+                assert getattr(a, field) == getattr(b, field) == getattr(one, field), field
+            assert one.run_at == a.run_at and one.created_at == a.created_at
+            if "delay" in timing:  # run_at counts from the transaction's start
+                assert 30 < (a.run_at - a.created_at).total_seconds() <= 30.25
+                assert 30 < (b.run_at - b.created_at).total_seconds() <= 30.25
+        if "run_at" in timing:
+            assert {m.run_at for m in shared} == {at}
+
+
+@pytest.mark.django_db
+def test_a_dedup_or_group_key_given_once_applies_to_every_message_of_the_call():
+    chunk = enqueuing.STREAM_CHUNK
+    deduped = enqueue_many([{"payload": n} for n in range(chunk + 2)], topic="t", dedup_key="k")
+    assert [m.created for m in deduped] == [True] + [False] * (chunk + 1)
+    assert {m.pk for m in deduped} == {deduped[0].pk} and deduped[-1].payload == 0
+    grouped = enqueue_many([{"payload": n} for n in range(3)], topic="t", group_key="g")
+    each = enqueue_many([{"payload": n, "topic": "t", "group_key": "h"} for n in range(3)])
+    for messages in (grouped, each):  # the group trigger ran on every row, either way
+        stored = [Message.objects.get(pk=m.pk) for m in messages]
+        assert [m.status for m in stored] == [m.status for m in messages]
+    assert [m.status for m in grouped] == [m.status for m in each]
+    assert {m.group_key for m in grouped} == {"g"}
 
 
 @pytest.mark.django_db

@@ -31,6 +31,9 @@ NEW, REVIVED, RESOLVED = DeadLetterState.NEW, DeadLetterState.REVIVED, DeadLette
 CONFIGURED = {"QUEUES": ["default", "mail", "reports"]}
 LONG_TOPIC = "very.long." + "x" * 150
 
+# A queue that is not paused and has no limits (pgqueue_queues).
+RUNNING = {"paused": False, "concurrency": None, "rate": None}
+
 
 def ago(seconds):
     return timezone.now() - datetime.timedelta(seconds=seconds)
@@ -176,7 +179,15 @@ def test_text_report_shows_queues_topics_dead_letters_and_workers(rows):
     assert workers[3].split() == [
         "web-2:200:bbbbbb", "web-2", "200", "default", "stale", "1h", "00m", "0", "5"
     ]  # fmt: skip
-    assert workers[4:] == ["", "Subscriptions", "no subscriptions"]
+    # (Further sections may follow the schedules.)
+    assert workers[4:10] == [
+        "",
+        "Subscriptions",
+        "no subscriptions",
+        "",
+        "Schedules",
+        "no schedules",
+    ]
 
 
 @pytest.mark.django_db
@@ -197,6 +208,7 @@ def test_json_report_has_every_count_age_and_worker(rows):
             "blocked": 0,
             "processing": 0,
             "workers_alive": 1,
+            **RUNNING,
             "topics": {
                 "orders.created": {"ready": 2, "delayed": 1, "blocked": 0, "processing": 0},
                 LONG_TOPIC: {"ready": 1, "delayed": 0, "blocked": 0, "processing": 0},
@@ -208,15 +220,17 @@ def test_json_report_has_every_count_age_and_worker(rows):
             "blocked": 0,
             "processing": 1,
             "workers_alive": 1,
+            **RUNNING,
             "topics": {"mail.send": {"ready": 1, "delayed": 0, "blocked": 0, "processing": 1}},
         },
-        "reports": {**zero, "workers_alive": 0, "topics": {}},
+        "reports": {**zero, "workers_alive": 0, **RUNNING, "topics": {}},
         "legacy": {
             "ready": 1,
             "delayed": 0,
             "blocked": 0,
             "processing": 0,
             "workers_alive": 0,
+            **RUNNING,
             "topics": {"orders.created": {"ready": 1, "delayed": 0, "blocked": 0, "processing": 0}},
         },
     }
@@ -272,9 +286,14 @@ def test_an_empty_database_shows_the_default_queue_with_zeros():
     assert (code, err) == (0, "")
     assert out.splitlines()[2].split() == ["default", "0", "0", "0", "0", "0s", "0"]
     assert "\nDead letters\nno dead letters\n" in out
-    assert out.endswith("\nWorkers\nno workers\n\nSubscriptions\nno subscriptions\n")
+    assert (
+        "\nWorkers\nno workers\n\nSubscriptions\nno subscriptions\n\nSchedules\nno schedules\n"
+        in out
+    )
 
     code, report, err = run_json()
+    history = report.pop("history")  # its table's size in bytes depends on the server
+    assert (history["rows"], history["oldest_age_seconds"]) == (0, None)
     assert report == {
         "queues": {
             "default": {
@@ -284,12 +303,14 @@ def test_an_empty_database_shows_the_default_queue_with_zeros():
                 "processing": 0,
                 "oldest_ready_age_seconds": 0.0,
                 "workers_alive": 0,
+                **RUNNING,
                 "topics": {},
             }
         },
         "dead_letters": [],
         "workers": [],
         "subscriptions": [],
+        "schedules": [],
         "thresholds": [],
         "ok": True,
     }
@@ -308,6 +329,7 @@ def test_queue_option_limits_queues_dead_letters_and_workers(rows):
         "processing": 0,
         "oldest_ready_age_seconds": 0.0,
         "workers_alive": 0,
+        **RUNNING,
         "topics": {},
     }
     assert [(d["topic"], d["state"]) for d in report["dead_letters"]] == [
@@ -413,7 +435,7 @@ def test_subscriptions_show_state_checkpoint_lag_and_why_one_does_not_deliver(su
     code, out, err = run()
     assert (code, err) == (0, "")
     lines = out.splitlines()
-    section = lines[lines.index("Subscriptions") :]
+    section = lines[lines.index("Subscriptions") : lines.index("Schedules") - 1]
     assert section[1].split() == ["NAME", "STREAM", "STATE", "CHECKPOINT", "LAG", "OLDEST", "WHY"]
     rows = [line.split(None, 6) for line in section[2:]]
     assert rows[0][:6] == ["audit.orders", "orders", "retrying", "0", "5", "0s"]

@@ -144,8 +144,8 @@ def test_the_summary_page_shows_the_counts(admin_client, make_message):
     )
     assert "width: 50.0%" in page, "transient (3 of the largest 6) should be a half bar"
     [(queue, counts, age)] = response.context["depth"]
-    assert (queue, counts) == ("default", [1, 0, 1, 0]), (
-        "by status: waiting, blocked, processing, done"
+    assert (queue, counts) == ("default", [1, 0, 1, 0, 0]), (
+        "by status: waiting, blocked, processing, done, cancelled"
     )
     assert age.startswith("5m "), f"oldest ready age {age!r}, expected about 5 minutes"
 

@@ -6,14 +6,26 @@ below registers their ModelAdmins. None of them writes queue rows itself:
 the actions call the operations (``lifecycle``, ``deadletters``,
 ``streams.subscriptions``), and each action needs its own permission.
 
-- ``messages``: the queue table (run now, move to the dead letters);
+- ``messages``: the queue table (run now, move to the dead letters, cancel);
+- ``queues``: the Queues page (depth, pause and resume, limits);
 - ``deadletters``: triage, the payload fixed before a revive, and the
   ``summary`` page;
 - ``workers``: the workers' heartbeats;
+- ``history``: the finished messages, and the queue ``overview`` page
+  (its charts drawn by ``charts``);
 - ``streams``: subscriptions and stored stream events;
+- ``schedules``: the periodic schedules (pause, resume, reset, run now);
 - ``common`` and ``forms``: what those share.
 """
 
-from django_pgqueue.admin import deadletters, messages, streams, workers
+from django_pgqueue.admin import (
+    deadletters,
+    history,
+    messages,
+    queues,
+    schedules,
+    streams,
+    workers,
+)
 
-__all__ = ["deadletters", "messages", "streams", "workers"]
+__all__ = ["deadletters", "history", "messages", "queues", "schedules", "streams", "workers"]

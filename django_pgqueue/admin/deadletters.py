@@ -45,6 +45,7 @@ from django_pgqueue.admin.forms import (
     ReviveAgainForm,
     ReviveToForm,
 )
+from django_pgqueue.admin.history import history_link
 from django_pgqueue.admin.summary import summary_view
 from django_pgqueue.deadletters import TriageResult
 from django_pgqueue.exceptions import DeadLetterError
@@ -73,6 +74,7 @@ class DeadLetterAdmin(QueueModelAdmin):
     actions = ["revive", "revive_again", "set_category", "resolve", "revive_to"]
     _fields = [
         "message_id",
+        "message_history",
         "queue",
         "topic",
         "priority",
@@ -109,6 +111,11 @@ class DeadLetterAdmin(QueueModelAdmin):
             # end of the year, month or day in Python, and there is none
             # after 9999-12-31. Refused as any unusable filter (?e=1).
             raise IncorrectLookupParameters(exc) from exc
+
+    @admin.display(description="history")
+    def message_history(self, obj: DeadLetter) -> str:
+        """A link to the finished messages with its message's id (KEEP_FINISHED)."""
+        return history_link(obj.message_id, self.admin_site.name)
 
     def _payload_editable(self, request: HttpRequest, obj: DeadLetter | None) -> bool:
         return (

@@ -79,6 +79,19 @@ class MessagesMoveForm(DeadLetterMoveForm):
     counted = Q(status=Status.PROCESSING)
 
 
+class CancelForm(ActionPageForm):
+    """The confirmation of a cancel: nothing to fill in."""
+
+    title, submit_label = "Cancel messages", "Yes, cancel them"
+    text = (
+        "{selected} message(s) selected. Waiting, delayed and blocked ones are cancelled at "
+        "once and never run; the {counted} being processed are asked to stop (their handler's "
+        "cancel_requested()) and end cancelled unless their handler finishes first. Cancelled "
+        "messages are kept, in the status cancelled, for CANCELLED_RETENTION."
+    )
+    counted = Q(status=Status.PROCESSING)
+
+
 class BlockedEventsMoveForm(DeadLetterMoveForm):
     title = "Move blocked events to the dead letters"
     text = (

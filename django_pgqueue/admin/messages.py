@@ -1,9 +1,10 @@
 """The admin of the queue table: look at messages, run a delayed one now,
-move messages to the dead letters by hand.
+move messages to the dead letters by hand, cancel them.
 
 Every field is read only: a message changes only through ``lifecycle``
-(``run_now``, ``dead_letter``), each change one transaction guarded by the
-state it expects, so a worker that claimed the message meanwhile wins.
+(``run_now``, ``dead_letter``, ``cancel``), each change one transaction
+guarded by the state it expects, so a worker that claimed the message
+meanwhile wins.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from django_pgqueue.admin.common import (
     short,
     shown,
 )
-from django_pgqueue.admin.forms import MessagesMoveForm
+from django_pgqueue.admin.forms import CancelForm, MessagesMoveForm
 from django_pgqueue.models import Message, Status
 from django_pgqueue.paging import ids_in_chunks
 
@@ -59,12 +60,15 @@ class MessageAdmin(QueueModelAdmin):
     search_fields = ["=id", "topic", "=dedup_key"]
     ordering = ["-id"]
     show_full_result_count = False
-    actions = ["run_now", "move_to_dead_letters"]
+    actions = ["run_now", "move_to_dead_letters", "cancel"]
     fieldsets = [
         (None, {"fields": ["queue", "topic", "status", "priority", "run_at", "attempts"]}),
         ("Content", {"fields": ["payload_json", "headers_json"]}),
         ("Keys", {"fields": ["dedup_key", "group_key", "max_attempts"]}),
-        ("Lease", {"fields": ["locked_by", "lease_expires_at", "lease_token"]}),
+        (
+            "Lease",
+            {"fields": ["locked_by", "lease_expires_at", "lease_token", "cancel_requested_at"]},
+        ),
         (
             "Last failure",
             {"fields": ["last_error_category", "first_failed_at", "last_error_full"]},
@@ -145,3 +149,20 @@ class MessageAdmin(QueueModelAdmin):
         if leased:
             text += f" Skipped {leased} being processed (leased)."
         self.message_user(request, text, messages.WARNING if leased else messages.SUCCESS)
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return self.user_may(request, "cancel")
+
+    @admin.action(description="Cancel…", permissions=["cancel"])
+    @asks_first(CancelForm)
+    def cancel(self, request: HttpRequest, queryset: Messages, data: Data) -> None:
+        now = timezone.now()
+        result = lifecycle.cancel(queryset, by=request.user.get_username(), now=now)
+        # The rows this call cancelled, or asked to stop: cancel() marked them with its now.
+        log_changes(
+            request,
+            self.get_queryset(request).filter(cancel_requested_at=now),
+            "Cancelled (admin action)",
+        )
+        level = messages.SUCCESS if result.cancelled or result.requested else messages.WARNING
+        self.message_user(request, str(result)[:1].upper() + str(result)[1:] + ".", level)

@@ -27,6 +27,16 @@ from django_pgqueue.conf.defaults import (
     SECRET_KEYS,
     TOPIC_MAX_LENGTH,
 )
+from django_pgqueue.conf.limits import (
+    LONGEST_PERIOD,
+    NO_LIMITS,
+    Limits,
+    Rate,
+    concurrency_problem,
+    configured_limits,
+    parse_rate,
+    rate_problem,
+)
 from django_pgqueue.conf.problems import (
     RULE_CONDITIONS,
     alias_problem,
@@ -39,20 +49,26 @@ from django_pgqueue.conf.problems import (
 )
 
 __all__ = [
+    "LONGEST_PERIOD",
+    "NO_LIMITS",
     "ACCESS_CHOICES",
     "ALERT_TOPIC",
     "DB_TIMEOUT_MAX",
     "DEFAULTS",
     "KEY_MAX_LENGTH",
+    "Limits",
     "NAME_RE",
     "PRIORITY_MAX",
     "PRIORITY_MIN",
     "QUEUE_MAX_LENGTH",
     "RULE_CONDITIONS",
+    "Rate",
     "SECRET_KEYS",
     "TOPIC_MAX_LENGTH",
     "Secret",
     "alias_problem",
+    "concurrency_problem",
+    "configured_limits",
     "database_alias",
     "get",
     "hide_secrets",
@@ -60,7 +76,10 @@ __all__ = [
     "is_int",
     "milliseconds",
     "name_problem",
+    "parse_rate",
+    "queue_limits",
     "queues",
+    "rate_problem",
     "rule_problem",
     "text_problem",
     "validate",
@@ -88,6 +107,12 @@ def queues() -> list[str]:
     """The configured queues (PGQUEUE["QUEUES"], or the default queue)."""
     configured = get("QUEUES")
     return list(configured) if configured else [get("DEFAULT_QUEUE")]
+
+
+def queue_limits() -> dict[str, Limits]:
+    """{queue: Limits} of the queues PGQUEUE["QUEUES"] gives limits (its dict
+    form); the run-time overrides are ``controls``'."""
+    return configured_limits(get("QUEUES"))
 
 
 def milliseconds(seconds: float | None) -> str | None:

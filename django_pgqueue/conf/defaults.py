@@ -71,7 +71,39 @@ DEFAULTS: dict[str, Any] = {
     # The queues this project runs workers for. Health checks expect a live
     # worker for each, status and metrics report each even when empty, and
     # pgqueue_worker serves them when given no --queues. None: [DEFAULT_QUEUE].
+    #
+    # A list of names, or a dict of names to their limits, which hold for all
+    # workers on all hosts together (enforced in the claim, in the database):
+    # "concurrency", how many of the queue's messages may be processing at
+    # once; "rate", how many may start in any second, minute or hour ("20/s",
+    # "100/m", "500/h"). {"default": {}, "payments": {"concurrency": 3},
+    # "emails": {"rate": "100/m"}}. The Queues page of the admin and
+    # "pgqueue_queues limit" override them at run time; a queue without
+    # limits costs its claims nothing.
     "QUEUES": None,
+    # Seconds a cancelled message stays in the queue table (status
+    # "cancelled", for the record) before maintenance deletes it. None keeps
+    # them.
+    "CANCELLED_RETENTION": 7 * 24 * 3600.0,
+    # Seconds a finished message is kept in the history (the admin's
+    # "Finished messages", the queue overview's charts): topic, queue,
+    # payload, headers, outcome (done, cancelled, dead-lettered), attempts,
+    # its times and worker. Written in the transaction that finishes it, by
+    # the same statement as the acknowledgement; maintenance deletes older
+    # rows in batches. 0 turns the history and the overview's counts off
+    # (the acknowledgement is then the bare DELETE). One day, as River's
+    # default: long enough to answer "did yesterday's e-mail go out?", and
+    # the table holds one day of traffic at most (docs: the history how-to
+    # gives the measured cost).
+    "KEEP_FINISHED": 24 * 3600.0,
+    # Seconds a resolved or revived dead letter is kept after it was
+    # resolved (revived); then maintenance deletes it. New dead letters are
+    # never deleted automatically. None keeps them all.
+    "KEEP_RESOLVED_DEAD_LETTERS": 30 * 24 * 3600.0,
+    # Seconds the result of a finished Django Task (TaskRecord, successful or
+    # failed) is kept after it finished; then maintenance deletes it (the
+    # default of django-tasks' prune_db_task_results). None keeps them all.
+    "KEEP_TASK_RESULTS": 14 * 24 * 3600.0,
     # Seconds between a worker's heartbeats (its row in the worker table). A
     # worker counts as alive until three intervals pass without one.
     "HEARTBEAT_INTERVAL": 10.0,
@@ -82,8 +114,10 @@ DEFAULTS: dict[str, Any] = {
     # atomic=False handlers never wait for a lock (SKIP LOCKED) and carry
     # none. Set per transaction (SET LOCAL), so they never reach a handler's
     # own queries and hold behind PgBouncer in transaction pooling.
+    #
     # LOCK_TIMEOUT: how long one of them waits for a row or table lock that
     # another transaction holds before it fails and is retried.
+    #
     # STATEMENT_TIMEOUT: the longest one may run; they take milliseconds, so
     # one that runs this long is stuck.
     "LOCK_TIMEOUT": 5.0,
@@ -108,8 +142,15 @@ DEFAULTS: dict[str, Any] = {
     # Extra request headers, e.g. {"Authorization": "Bearer ..."}. Their
     # values are secrets: never logged, never shown in the admin.
     "ALERT_WEBHOOK_HEADERS": {},
-    "ALERT_WEBHOOK_TIMEOUT": 5.0,  # seconds, at most 50
+    # Seconds one webhook request may take, at most 50 (the alert message's
+    # own handler timeout is 60).
+    "ALERT_WEBHOOK_TIMEOUT": 5.0,
+    # Retries of a failed webhook request (a 5xx, 408, 425 or 429 answer, a
+    # timeout, a connection error), with the message's backoff: the alert
+    # is tried 1 + ALERT_WEBHOOK_RETRIES times before it is dead-lettered.
     "ALERT_WEBHOOK_RETRIES": 3,
+    # Seconds during which further alerts of the same topic and category are
+    # held back; the next alert after the window counts them.
     "ALERT_WINDOW": 300.0,
     # Scheme and host the alert's admin link starts with, e.g.
     # "https://ops.example.com". None: the link is a path only.
@@ -119,6 +160,28 @@ DEFAULTS: dict[str, Any] = {
     # subscriptions: once it is this old); then the maintenance round
     # deletes it. None keeps every event.
     "STREAM_RETENTION": 7 * 24 * 3600.0,
+    # Periodic schedules: a dict of schedule names to entries; each tick of
+    # a schedule becomes exactly one message, however many workers run
+    # (every pgqueue_worker runs the scheduler unless --no-schedules).
+    # An entry has exactly one of "cron" (five fields, or @hourly, @daily,
+    # @weekly, @monthly, @yearly) or "every" (seconds or a timedelta, at
+    # least 1), and exactly one of "topic" (with an optional "payload") or
+    # "task" (a Django Task's dotted path, with optional "args" and
+    # "kwargs", enqueued through PgQueueBackend), and may add: "queue",
+    # "priority", "timezone" (cron's time zone; default: TIME_ZONE),
+    # "backfill" (seconds: after downtime, missed ticks at most this old are
+    # still enqueued, oldest first, older ones are skipped; default 0) and
+    # "enabled" (default True; pgqueue_schedules pause/resume override it).
+    # {"nightly-report": {"cron": "0 3 * * *", "topic": "reports.nightly",
+    # "timezone": "Europe/Berlin"}, "ping": {"every": 10, "topic": "ping"}}
+    "SCHEDULES": {},
+    # OpenTelemetry tracing (the "otel" extra): enqueue(), enqueue_many() and
+    # publish() run in a PRODUCER span and put its trace context
+    # (traceparent, tracestate) into the message's headers; the worker runs
+    # each handler and subscriber in a CONSUMER span that continues it.
+    # None: on when opentelemetry-api can be imported; False: off (nothing
+    # of OpenTelemetry is imported); True: on, and an error without it.
+    "TRACING": None,
 }
 
 # Settings whose values are secrets: never echoed in check messages or logs

@@ -10,6 +10,7 @@ handlers and ``enqueue`` reuse the name checks.
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import ipaddress
 import re
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from django_pgqueue.conf.defaults import (
     QUEUE_MAX_LENGTH,
     SECRET_KEYS,
 )
+from django_pgqueue.conf.limits import limits_problem
 
 Problem = str | None
 
@@ -202,15 +204,43 @@ def _retention(value: object) -> Problem:
 def _queues(value: object) -> Problem:
     if value is None:
         return None
-    if not isinstance(value, list | tuple) or not value:
-        return "must be a non-empty list of queue names, or None"
+    if not isinstance(value, list | tuple | dict) or not value:
+        return (
+            "must be a non-empty list of queue names, a dict of queue names to their "
+            "limits, or None"
+        )
     for name in value:
         problem = _queue(name)
         if problem:
             return problem
     if len(set(value)) != len(value):
         return "names a queue twice"
+    if isinstance(value, dict):
+        for name, limits in value.items():
+            problem = limits_problem(limits)
+            if problem:
+                return f"queue {name!r}: {problem}"
     return None
+
+
+def _retention_or_none(value: object) -> Problem:
+    if value is None or _positive_number(value) is None:
+        return None
+    return "must be a number of seconds greater than 0, or None (keep them)"
+
+
+def _keep_finished(value: object) -> Problem:
+    if _is_number(value) and 0 <= value < float("inf"):
+        return None
+    return "must be a number of seconds, at least 0 (0 keeps no history)"
+
+
+def _schedules(value: object) -> Problem:
+    # Only the shape: each entry is checked in checks.py (pgqueue.E110), which
+    # names the schedule and the field.
+    if isinstance(value, dict) and all(isinstance(name, str) for name in value):
+        return None
+    return "must be a dict of schedule names to their entries"
 
 
 def _access(value: object) -> Problem:
@@ -280,6 +310,14 @@ def _importable(value: object) -> Problem:
     return None if callable(imported) else "does not name a callable"
 
 
+def _tracing(value: object) -> Problem:
+    if value is not None and not isinstance(value, bool):
+        return "must be None (on when opentelemetry-api is installed), True or False"
+    if value is True and importlib.util.find_spec("opentelemetry") is None:
+        return "is True but opentelemetry-api is not installed (pip install django-pgqueue[otel])"
+    return None
+
+
 def _rules(value: object) -> Problem:
     if not isinstance(value, list | tuple):
         return "must be a list of rule dicts"
@@ -319,6 +357,12 @@ CHECKS: dict[str, Callable[[Any], Problem]] = {
     "ALERT_WINDOW": _positive_number,
     "ALERT_SITE_URL": _http_url,
     "STREAM_RETENTION": _retention,
+    "SCHEDULES": _schedules,
+    "CANCELLED_RETENTION": _retention_or_none,
+    "KEEP_FINISHED": _keep_finished,
+    "KEEP_RESOLVED_DEAD_LETTERS": _retention_or_none,
+    "KEEP_TASK_RESULTS": _retention_or_none,
+    "TRACING": _tracing,
 }
 
 

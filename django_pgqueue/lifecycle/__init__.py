@@ -11,9 +11,11 @@ a leased message, by its lease token (the fencing token):
                            |--dead_letter--> DeadLetter row (message deleted)
                            '--requeue_lost--> waiting (its run was lost:
                                               maintenance's rescue)
+    waiting, blocked --cancel--> cancelled (kept until CANCELLED_RETENTION)
+    processing --cancel--> processing, cancellation asked --cancel_running--> cancelled
 
 One module per kind of transition: ``claim`` (with the worker's round trip),
-``acks``, ``requeue`` (back to waiting), ``deadletter``; ``guards`` holds the
+``acks``, ``requeue`` (back to waiting), ``deadletter``, ``cancel``; ``guards`` holds the
 lease guard they share. A guard that matches no row is a named outcome, the
 lease was lost (the message was rescued, timed out or finished elsewhere):
 logged and returned as False or None, never an exception. So a late
@@ -25,7 +27,13 @@ wherever time matters; None means the database's clock.
 """
 
 from django_pgqueue.lifecycle.acks import ack, ack_leased, ack_unlocked, still_leased
-from django_pgqueue.lifecycle.claim import ClaimResult, ack_and_claim_rows, message_from_row
+from django_pgqueue.lifecycle.cancel import CancelResult, cancel, cancel_running
+from django_pgqueue.lifecycle.claim import (
+    ClaimResult,
+    LimitState,
+    ack_and_claim_rows,
+    message_from_row,
+)
 from django_pgqueue.lifecycle.deadletter import dead_letter
 from django_pgqueue.lifecycle.guards import (
     LEASE_EXPIRED,
@@ -42,11 +50,15 @@ __all__ = [
     "LOST_RUN_REASONS",
     "UNDECODABLE",
     "WORKER_LOST",
+    "CancelResult",
     "ClaimResult",
+    "LimitState",
     "ack",
     "ack_and_claim_rows",
     "ack_leased",
     "ack_unlocked",
+    "cancel",
+    "cancel_running",
     "dead_letter",
     "message_from_row",
     "release",

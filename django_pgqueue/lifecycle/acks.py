@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from django.db import connections
 from django.db.models import Q
 
-from django_pgqueue import conf, sql
+from django_pgqueue import conf, sql, sql_history
 from django_pgqueue.lifecycle.guards import log_lease_lost
 from django_pgqueue.models import Message, Status
 
@@ -83,7 +83,9 @@ def ack_leased(
     if not messages:
         return set()  # (no statement: an empty condition is not SQL)
     connection = connections[conf.database_alias()]
-    statement, params = sql.ack_statement(connection, sql.ids_by_token(messages), skip_locked)
+    statement, params = sql_history.ack_statement(
+        connection, sql.ids_by_token(messages), skip_locked
+    )
     if async_commit:
         statement = sql.ASYNC_COMMIT_SQL + statement
     skip = 0

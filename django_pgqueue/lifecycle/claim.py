@@ -12,13 +12,14 @@ from __future__ import annotations
 import datetime
 import logging
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import connections
 
-from django_pgqueue import conf, sql
+from django_pgqueue import conf, sql, sql_history, sql_limited
+from django_pgqueue.conf.limits import Limits
 from django_pgqueue.db import prepared_cursor
 from django_pgqueue.lifecycle.acks import unacknowledged
 from django_pgqueue.lifecycle.guards import UNDECODABLE, logger
@@ -27,11 +28,30 @@ from django_pgqueue.sql import ROW_ATTEMPTS, ROW_ID, ROW_PRIORITY, ROW_RUN_AT, R
 
 
 @dataclass(frozen=True)
+class LimitState:
+    """A queue with limits, as its claim left it (sql_limited.LIMITED_STATE_SQL)."""
+
+    processing: int  # its messages processing, all workers'
+    started: int  # starts in its rate's window (0 without a rate)
+    seconds_to_slot: float  # until the oldest of them leaves the window
+
+    def full(self, limits: Limits) -> tuple[bool, bool]:
+        """(no slot of the concurrency is free, none of the rate is)."""
+        concurrency, rate = limits.concurrency, limits.rate
+        return (
+            concurrency is not None and self.processing >= concurrency,
+            rate is not None and self.started >= rate.count,
+        )
+
+
+@dataclass(frozen=True)
 class ClaimResult:
     acked: set[int]  # ids of the acknowledgements that removed their row
     busy: set[int]  # ids left for a later try: another transaction has their row locked
     rows: list[tuple[Any, ...]]  # the claimed messages as the claim's rows, in claim order
     groups_left: int = 0  # releases the group promotion left for another call
+    # The queues with limits that were claimed from, as their claim left them.
+    limited: dict[str, LimitState] = field(default_factory=dict)
 
 
 def ack_and_claim_rows(
@@ -43,6 +63,7 @@ def ack_and_claim_rows(
     now: datetime.datetime | None = None,
     few_ready: bool = False,
     promote: bool = False,
+    limits: Mapping[str, Limits] | None = None,
 ) -> ClaimResult:
     """Acknowledge ``acks`` (finished messages of atomic=False handlers, as
     ``ack_unlocked``) and lease up to ``limit`` ready messages of ``queues``
@@ -62,7 +83,9 @@ def ack_and_claim_rows(
     while fewer than ``limit`` are ready, else the oldest rather than the
     most urgent. ``promote``: promote the next message of released groups
     first, after the acknowledgements (which may release groups) and before
-    the claim (which then takes the new heads).
+    the claim (which then takes the new heads). ``limits``: the queues with
+    limits (concurrency, rate) and theirs: their claim takes no more than
+    their free slots (sql_limited), and the result says how it left them.
     """
     using = conf.database_alias()
     connection = connections[using]
@@ -72,30 +95,49 @@ def ack_and_claim_rows(
     acked: set[int] = set()
     busy: set[int] = set()
     groups_left = 0
+    limited: dict[str, LimitState] = {}
     pending = list(acks)
     for name in queues:
-        claim_sql, claim_params = sql.claim_statement(
-            using,
-            name,
-            limit - len(claimed),
-            worker_id,
-            now,
-            lease_seconds,
-            async_commit=async_commit,
-            few_ready=few_ready,
-            token=token,
-        )
+        queue_limits = limits.get(name) if limits else None
+        if queue_limits is None:
+            claim_sql, claim_params = sql.claim_statement(
+                using,
+                name,
+                limit - len(claimed),
+                worker_id,
+                now,
+                lease_seconds,
+                async_commit=async_commit,
+                few_ready=few_ready,
+                token=token,
+            )
+            claim_statements = [claim_sql]
+        else:
+            rate = queue_limits.rate
+            claim_statements, claim_params = sql_limited.limited_claim_statements(
+                using,
+                name,
+                limit - len(claimed),
+                worker_id,
+                queue_limits.concurrency,
+                None if rate is None else (rate.count, rate.seconds),
+                now,
+                lease_seconds,
+                async_commit=async_commit,
+                token=token,
+            )
         # No LOCK_TIMEOUT or STATEMENT_TIMEOUT here: the claim and these
-        # acknowledgements never wait for a lock (SKIP LOCKED) and read the
-        # head of an index, so the limits would only add a statement to
-        # every cycle of the hot path.
-        if pending or promote:
+        # acknowledgements never wait for a row lock (SKIP LOCKED) and read
+        # the head of an index, so the limits would only add a statement to
+        # every cycle of the hot path. (A limited claim waits for its
+        # queue's advisory lock only while another claim of it runs.)
+        if pending or promote or queue_limits is not None:
             # Several statements in one round trip (one implicit
             # transaction): only client-side binding takes several.
             statements: list[str] = []
             params: list[Any] = []
             if pending:
-                ack_sql, ack_params = sql.ack_statement(
+                ack_sql, ack_params = sql_history.ack_statement(
                     connection, sql.ids_by_token(pending), skip_locked=True
                 )
                 statements.append(ack_sql)
@@ -104,21 +146,27 @@ def ack_and_claim_rows(
                 statements.append(sql.PROMOTE_GROUPS_SQL)
                 params += [sql.PROMOTE_LIMIT, bool(conf.get("NOTIFY"))]
             with connection.cursor() as cursor:
-                cursor.execute(";".join([*statements, claim_sql]), [*params, *claim_params])
+                cursor.execute(";".join([*statements, *claim_statements]), [*params, *claim_params])
                 if pending:
                     acked = {row[0] for row in cursor.fetchall()}
                     cursor.nextset()
                 if promote:
                     groups_left = cursor.fetchone()[0]
                     cursor.nextset()
+                if queue_limits is not None:
+                    cursor.nextset()  # past the queue's lock
                 rows = cursor.fetchall()
+                if queue_limits is not None:
+                    cursor.nextset()
+                    processing, started, seconds = cursor.fetchone()
+                    limited[name] = LimitState(processing, started, float(seconds))
             if pending:
                 busy = unacknowledged(pending, acked)
             pending, promote = [], False
         else:
             # One statement, run every cycle: prepared when the connection allows.
             cursor = prepared_cursor(connection)
-            cursor.execute(claim_sql, claim_params)
+            cursor.execute(claim_statements[0], claim_params)
             rows = cursor.fetchall()
         rows.sort(key=_claim_order)  # RETURNING keeps no order
         claimed += rows
@@ -137,7 +185,7 @@ def ack_and_claim_rows(
                 worker_id,
                 extra={**fields, "state": "claimed", "worker": worker_id},
             )
-    return ClaimResult(acked, busy, claimed, groups_left)
+    return ClaimResult(acked, busy, claimed, groups_left, limited)
 
 
 def _claim_order(row: Sequence[Any]) -> tuple[int, datetime.datetime | None, int]:

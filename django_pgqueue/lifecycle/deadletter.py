@@ -13,9 +13,9 @@ from django.db import transaction
 from django.db.models import Subquery
 from django.utils import timezone
 
-from django_pgqueue import conf, policy, registry, signals, sql
+from django_pgqueue import conf, policy, registry, signals, sql, sql_history
 from django_pgqueue.lifecycle.guards import UNDECODABLE, log_extra, log_lease_lost, logger
-from django_pgqueue.models import DeadLetter, Message, Status
+from django_pgqueue.models import DeadLetter, Message, Outcome, Status
 
 # The fields a dead letter keeps of its message as they are.
 _COPIED_TO_DEAD_LETTER = "queue topic priority group_key dedup_key attempts max_attempts".split()
@@ -49,7 +49,9 @@ def dead_letter(
             .filter(pk=message.pk, status=expect)
         )
         if expect == Status.PROCESSING:
-            rows = rows.filter(lease_token=message.lease_token)
+            # A message whose cancellation was asked ends cancelled instead
+            # (cancel.cancel_running), never as a dead letter to revive.
+            rows = rows.filter(lease_token=message.lease_token, cancel_requested_at__isnull=True)
         row = rows.first()
         if row is None:
             log_lease_lost(message, f"not dead-lettered (no longer {expect})")
@@ -79,6 +81,15 @@ def dead_letter(
                 setattr(dead, attname, getattr(message, attname))
             else:
                 del dead.__dict__[attname]
+        # Into the history before its row goes (KEEP_FINISHED), with the link.
+        sql_history.record(
+            [row.pk],
+            Outcome.DEAD_LETTERED,
+            now=now,
+            dead_letter_id=dead.pk,
+            worker=worker,
+            using=using,
+        )
         Message.objects.using(using).filter(pk=row.pk).delete()
         transaction.on_commit(
             lambda: signals.send(

@@ -14,7 +14,8 @@ from django.db import connections, transaction
 from django.db.models import F, QuerySet, Value
 from django.db.models.functions import Coalesce, Greatest, Now
 
-from django_pgqueue import conf, signals, sql
+from django_pgqueue import conf, signals, sql, sql_history
+from django_pgqueue.lifecycle.cancel import cancel_running
 from django_pgqueue.lifecycle.guards import (
     NO_LEASE,
     leased,
@@ -35,15 +36,21 @@ def _requeue(
     clock: datetime.datetime | Now,
 ) -> int:
     """Back to waiting, due at ``run_at``, the failure recorded and the
-    attempt counted, if this lease still holds the row: 1, else 0."""
-    return leased(message, using).update(
-        status=Status.WAITING,
-        run_at=run_at,
-        **NO_LEASE,
-        last_error=error,
-        last_error_category=category,
-        first_failed_at=Coalesce("first_failed_at", clock),
-        updated_at=clock,
+    attempt counted, if this lease still holds the row and its cancellation
+    was not asked (a cancelled message never runs again: cancel_running is
+    its way out): 1, else 0."""
+    return (
+        leased(message, using)
+        .filter(cancel_requested_at__isnull=True)
+        .update(
+            status=Status.WAITING,
+            run_at=run_at,
+            **NO_LEASE,
+            last_error=error,
+            last_error_category=category,
+            first_failed_at=Coalesce("first_failed_at", clock),
+            updated_at=clock,
+        )
     )
 
 
@@ -63,6 +70,8 @@ def retry_later(
     with sql.worker_transaction(using):
         run_at = clock + datetime.timedelta(seconds=delay)
         updated = _requeue(message, using, run_at, category, error, clock)
+        if updated:
+            sql_history.count_retry(message.queue, now, using)
     if not updated:
         log_lease_lost(message, "retry not recorded")
     return bool(updated)
@@ -82,6 +91,7 @@ def requeue_lost(message: Message, reason: str, now: datetime.datetime | None = 
         if not _requeue(message, using, clock, Category.TRANSIENT, reason, clock):
             log_lease_lost(message, "not rescued")
             return False
+        sql_history.count_retry(message.queue, now, using)
         retried = functools.partial(
             signals.send,
             signals.message_retried,
@@ -107,20 +117,26 @@ def requeue_lost(message: Message, reason: str, now: datetime.datetime | None = 
 
 def release(messages: Sequence[Message]) -> int:
     """Hand leased messages back without counting the attempt (graceful
-    shutdown). Returns how many were still held."""
+    shutdown). Returns how many were still held. Those whose cancellation
+    was asked end cancelled instead (they never run again)."""
     using = conf.database_alias()
     released = 0
     with sql.worker_transaction(using):
         for token, ids in sql.ids_by_token(messages).items():
-            released += (
-                Message.objects.using(using)
-                .filter(pk__in=ids, status=Status.PROCESSING, lease_token=token)
-                .update(
-                    status=Status.WAITING,
-                    attempts=Greatest(F("attempts") - 1, Value(0)),
-                    **NO_LEASE,
-                    updated_at=Now(),
-                )
+            held = Message.objects.using(using).filter(
+                pk__in=ids, status=Status.PROCESSING, lease_token=token
+            )
+            to_cancel = set(
+                held.filter(cancel_requested_at__isnull=False).values_list("pk", flat=True)
+            )
+            for message in messages:
+                if message.pk in to_cancel:
+                    released += cancel_running(message, "cancelled: its worker stopped")
+            released += held.filter(cancel_requested_at__isnull=True).update(
+                status=Status.WAITING,
+                attempts=Greatest(F("attempts") - 1, Value(0)),
+                **NO_LEASE,
+                updated_at=Now(),
             )
     return released
 

@@ -7,14 +7,23 @@ here (``django_pgqueue.models.Message``), as Django and the migrations expect.
 - ``workers``: the running workers' heartbeats (``WorkerHeartbeat``);
 - ``alerts``: the suppression of dead-letter alerts (``AlertState``);
 - ``tasks``: the ``django.tasks`` records (``TaskRecord``);
-- ``streams``: the ordered streams (``StreamEvent``, ``Subscription``).
+- ``queues``: the queues' run-time state and the starts of rate-limited
+  ones (``QueueState``, ``QueueStart``);
+- ``streams``: the ordered streams (``StreamEvent``, ``Subscription``);
+- ``schedules``: the periodic schedules' tick ledger and run-time state
+  (``Schedule``, ``ScheduleTick``);
+- ``history``: finished messages and the per-minute outcome counts
+  (``FinishedMessage``, ``OutcomeCount``, ``Outcome``).
 """
 
 from django_pgqueue.fields import timestamp_from_text
 from django_pgqueue.models.alerts import AlertState
 from django_pgqueue.models.deadletters import DeadLetter, DeadLetterState
 from django_pgqueue.models.groups import GroupRelease
+from django_pgqueue.models.history import FinishedMessage, Outcome, OutcomeCount
 from django_pgqueue.models.messages import GROUP_HEAD, UNFINISHED, Category, Message, Status
+from django_pgqueue.models.queues import QueueStart, QueueState
+from django_pgqueue.models.schedules import Schedule, ScheduleTick
 from django_pgqueue.models.streams import StreamEvent, Subscription, SubscriptionState
 from django_pgqueue.models.tasks import TaskRecord, TaskStatus
 from django_pgqueue.models.workers import WorkerHeartbeat
@@ -26,8 +35,15 @@ __all__ = [
     "Category",
     "DeadLetter",
     "DeadLetterState",
+    "FinishedMessage",
     "GroupRelease",
     "Message",
+    "Outcome",
+    "OutcomeCount",
+    "QueueStart",
+    "QueueState",
+    "Schedule",
+    "ScheduleTick",
     "Status",
     "StreamEvent",
     "Subscription",

@@ -31,6 +31,10 @@ class Status(models.TextChoices):
     BLOCKED = "blocked", "Blocked (behind its group)"
     PROCESSING = "processing"
     DONE = "done"
+    # Cancelled (``django_pgqueue.cancel``): it never runs (again). The row
+    # stays for the record until CANCELLED_RETENTION has passed; no index of
+    # the claim holds it, and its dedup key and group are free.
+    CANCELLED = "cancelled"
 
 
 class Category(models.TextChoices):
@@ -51,6 +55,13 @@ GROUP_HEAD = [Status.WAITING, Status.PROCESSING]
 
 
 class Message(models.Model):
+    """A message in the queue, what a handler is called with. ``topic`` picks
+    the handler, ``payload`` and ``headers`` are its JSON; ``attempts`` counts
+    the runs so far (this one included, inside a handler), ``last_error`` and
+    ``last_error_category`` tell why the previous one failed. An acknowledged
+    message's row is deleted; one that failed for good moves to
+    ``DeadLetter``."""
+
     id = models.BigAutoField(primary_key=True)
     queue = models.CharField(max_length=conf.QUEUE_MAX_LENGTH, db_default="default")
     topic = models.CharField(max_length=conf.TOPIC_MAX_LENGTH)
@@ -75,6 +86,11 @@ class Message(models.Model):
     first_failed_at = DateTimeField(null=True, blank=True)
     created_at = DateTimeField(db_default=Now())
     updated_at = DateTimeField(db_default=Now())
+    # When cancellation was asked for while the message was processing: its
+    # worker is told (its handler's cancel_requested() turns True), and the
+    # run may end no other way than done or cancelled (never retried). Last,
+    # so the columns before it keep their positions (migration 0015).
+    cancel_requested_at = DateTimeField(null=True, blank=True)
 
     # Not a column: set on the messages that enqueue() and enqueue_many()
     # return. True when the row was inserted, False when an unfinished
@@ -118,7 +134,15 @@ class Message(models.Model):
                 condition=Q(status=Status.BLOCKED),
                 name="pgqueue_msg_group_next_idx",
             ),
+            # Cancelled rows by when they were cancelled: maintenance deletes
+            # those past CANCELLED_RETENTION (migration 0015).
+            models.Index(
+                fields=["updated_at"],
+                condition=Q(status=Status.CANCELLED),
+                name="pgqueue_msg_cancelled_idx",
+            ),
         ]
+        permissions = [("cancel_message", "Can cancel messages")]
         constraints = [
             models.UniqueConstraint(
                 fields=["topic", "dedup_key"],
@@ -180,8 +204,9 @@ class Message(models.Model):
         if (
             kwargs
             or len(values) != len(_ATTNAMES)
-            or pre_init.has_listeners(cls)
-            or post_init.has_listeners(cls)
+            # Receivers for any model first (two list reads), then for
+            # Message (two calls): most projects have none at all.
+            or ((pre_init.receivers or post_init.receivers) and _init_receivers(cls))
         ):
             return super().from_db(db, field_names, values, **kwargs)
         new = cls.__new__(cls)
@@ -198,3 +223,7 @@ class Message(models.Model):
 
 # Message's columns in the model's order (Model.from_db's positional order).
 _ATTNAMES = [field.attname for field in Message._meta.concrete_fields]
+
+
+def _init_receivers(model: type[models.Model]) -> bool:
+    return pre_init.has_listeners(model) or post_init.has_listeners(model)

@@ -30,6 +30,10 @@ INSTALL_HINT = "pip install 'django-pgqueue[prometheus]'"
 
 # Outcomes of a handled message, the ``outcome`` label.
 DONE, RETRIED, DEAD_LETTERED = "done", "retried", "dead_lettered"
+# A running message whose cancellation was asked, its run ended without finishing.
+CANCELLED = "cancelled"
+# What became of a schedule's tick: enqueued, or skipped (missed for good).
+ENQUEUED, SKIPPED = "enqueued", "skipped"
 
 # Seconds. Handlers run from a millisecond to minutes.
 DURATION_BUCKETS = (
@@ -73,6 +77,10 @@ class Reporter(Protocol):
 
     def track_inflight(self, count: Callable[[], int]) -> None: ...
 
+    def scheduled(self, schedule: str, enqueued: int, skipped: int) -> None: ...
+
+    def pruned(self, counts: dict[str, int]) -> None: ...
+
 
 class WorkerMetrics:
     """One worker process's counters and histograms, in a registry of its own
@@ -83,7 +91,8 @@ class WorkerMetrics:
         self.registry = prometheus.CollectorRegistry()
         self.messages = prometheus.Counter(
             "pgqueue_worker_messages",
-            "Messages this worker finished, by topic and outcome (done, retried, dead_lettered).",
+            "Messages this worker finished, by topic and outcome (done, retried, dead_lettered, "
+            "cancelled).",
             ["topic", "outcome"],
             registry=self.registry,
         )
@@ -111,13 +120,30 @@ class WorkerMetrics:
         self.reconnects = prometheus.Counter(
             "pgqueue_worker_reconnects",
             "Database errors after which a connection of this worker was reopened, "
-            "by connection (loop, listener, heartbeat).",
+            "by connection (loop, listener, heartbeat, scheduler).",
             ["connection"],
             registry=self.registry,
         )
         self.inflight = prometheus.Gauge(
             "pgqueue_worker_inflight",
             "Messages this worker's handlers hold now.",
+            registry=self.registry,
+        )
+        self.schedule_ticks = prometheus.Counter(
+            "pgqueue_worker_schedule_ticks",
+            "Ticks of periodic schedules that this worker's scheduler handled, by schedule "
+            "and outcome: enqueued (one message each), or skipped (missed for good, older "
+            "than the schedule's backfill after downtime). Each tick is counted by one "
+            "worker only: the sum over the workers is the schedule's.",
+            ["schedule", "outcome"],
+            registry=self.registry,
+        )
+        self.pruned_rows = prometheus.Counter(
+            "pgqueue_worker_pruned_rows",
+            "Rows that this worker's maintenance deleted past their retention, by kind "
+            "(history, counts, dead_letters, task_results, workers). Each prune runs in one "
+            "worker at a time: the sum over the workers is the total.",
+            ["kind"],
             registry=self.registry,
         )
 
@@ -152,6 +178,16 @@ class WorkerMetrics:
         """``count``: a callable returning the number of messages held."""
         self.inflight.set_function(count)
 
+    def scheduled(self, schedule: str, enqueued: int, skipped: int) -> None:
+        if enqueued:
+            self.schedule_ticks.labels(schedule, ENQUEUED).inc(enqueued)
+        if skipped:
+            self.schedule_ticks.labels(schedule, SKIPPED).inc(skipped)
+
+    def pruned(self, counts: dict[str, int]) -> None:
+        for kind, count in counts.items():
+            self.pruned_rows.labels(kind).inc(count)
+
 
 class NullMetrics:
     """What a worker reports to when no --metrics-port was asked for."""
@@ -169,4 +205,10 @@ class NullMetrics:
         pass
 
     def track_inflight(self, count: Callable[[], int]) -> None:
+        pass
+
+    def scheduled(self, schedule: str, enqueued: int, skipped: int) -> None:
+        pass
+
+    def pruned(self, counts: dict[str, int]) -> None:
         pass

@@ -14,9 +14,9 @@ from typing import Any
 
 from django.db import DatabaseError
 
-from django_pgqueue import conf
+from django_pgqueue import conf, controls
 from django_pgqueue.models import SubscriptionState
-from django_pgqueue.observability import stats
+from django_pgqueue.observability import outcomes, stats
 from django_pgqueue.observability.metrics import client
 
 logger = logging.getLogger(__name__)
@@ -60,7 +60,9 @@ class DatabaseCollector:
             oldest = stats.oldest_ready_age()
             dead = stats.dead_letters_by_topic_category_state()
             live = stats.live_workers_by_queue()
+            paused = set(controls.paused_queues())
             subscriptions = stats.subscriptions_with_lag()  # streams
+            history = outcomes.history_summary()
         except DatabaseError as exc:
             logger.warning("Metrics: the queue database cannot be read: %s", exc)
             yield _up(0)
@@ -87,12 +89,33 @@ class DatabaseCollector:
             dead,
         )
         yield _gauge(
+            "pgqueue_queue_paused",
+            "1 while the queue is paused (no worker claims from it; its depth grows by "
+            "design), else 0.",
+            ["queue"],
+            _per_queue(configured, dict.fromkeys(paused, 1), 0),
+        )
+        yield _gauge(
             "pgqueue_workers_alive",
             "Workers with a fresh heartbeat that serve each queue.",
             ["queue"],
             _per_queue(configured, live, 0),
         )
         yield from _subscription_families(subscriptions)
+        yield _gauge(
+            "pgqueue_history_rows",
+            "Finished messages kept in the history (KEEP_FINISHED); PostgreSQL's estimate "
+            "once the table is large.",
+            [],
+            [(history["rows"],)],
+        )
+        oldest = history["oldest_age_seconds"]
+        yield _gauge(
+            "pgqueue_history_oldest_age_seconds",
+            "Seconds since the oldest message kept in the history finished (0 when it is empty).",
+            [],
+            [(0.0 if oldest is None else oldest,)],
+        )
 
 
 def _up(value: int) -> Any:

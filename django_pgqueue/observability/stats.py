@@ -17,7 +17,14 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from django_pgqueue import conf
-from django_pgqueue.models import DeadLetter, Message, Status, Subscription, WorkerHeartbeat
+from django_pgqueue.models import (
+    UNFINISHED,
+    DeadLetter,
+    Message,
+    Status,
+    Subscription,
+    WorkerHeartbeat,
+)
 
 
 def dead_letters_by_topic_and_category(state: str | None = None) -> list[tuple[str, str, int]]:
@@ -85,6 +92,7 @@ def messages_by_queue_topic_state(
     )
     rows = (
         Message.objects.using(conf.database_alias())
+        .filter(status__in=UNFINISHED)  # not the cancelled rows kept for the record
         .annotate(state=state)
         .values("queue", "topic", "state")
         .annotate(count=Count("id"))
@@ -107,6 +115,15 @@ def dead_letters_by_topic_category_state(
         .order_by("topic", "category", "state")
     )
     return [(row["topic"], row["category"], row["state"], row["count"]) for row in counts]
+
+
+def dead_letters_by_queue(state: str | None = None) -> dict[str, int]:
+    """``{queue: dead letters}``; only those in ``state`` when given."""
+    rows = DeadLetter.objects.using(conf.database_alias())
+    if state is not None:
+        rows = rows.filter(state=state)
+    counts = rows.values("queue").annotate(count=Count("id")).order_by("queue")
+    return {row["queue"]: row["count"] for row in counts}
 
 
 def workers() -> list[Any]:

@@ -1,6 +1,6 @@
 """The status report (``manage.py pgqueue_status``): what the queues hold,
-the dead letters, the workers and the stream subscriptions, as JSON-ready
-values read through ``stats`` at one instant."""
+the dead letters, the workers, the stream subscriptions and the periodic
+schedules, as JSON-ready values read through ``stats`` at one instant."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from typing import Any
 
 from django.utils import timezone
 
-from django_pgqueue import conf
+from django_pgqueue import conf, controls
 from django_pgqueue.models import SubscriptionState
-from django_pgqueue.observability import stats
+from django_pgqueue.observability import outcomes, stats
+from django_pgqueue.schedules import overview
 
 # What a message in the queue table is doing, in the report's order.
 STATES = (stats.READY, stats.DELAYED, stats.BLOCKED, stats.PROCESSING)
@@ -39,11 +40,13 @@ def report(selected: list[str] | None) -> dict[str, Any]:
         in_use = {row[0] for row in messages} | set(alive)
         names = configured + sorted(in_use - set(configured))
 
+    queue_states = controls.states(names)
     queues: dict[str, dict[str, Any]] = {
         name: {
             **dict.fromkeys(STATES, 0),
             "oldest_ready_age_seconds": round(ages.get(name, 0.0), 3),
             "workers_alive": alive.get(name, 0),
+            **_controls(name, queue_states.get(name)),
             "topics": {},
         }
         for name in names
@@ -62,6 +65,20 @@ def report(selected: list[str] | None) -> dict[str, Any]:
         ],
         "workers": [_worker(w) for w in workers],
         "subscriptions": [_subscription(row) for row in subscriptions],
+        # Schedules have no queue of their own to --queue by: always all.
+        "schedules": [row.as_json() for row in overview.rows()],
+        # Finished messages kept (KEEP_FINISHED): how many, how old.
+        "history": outcomes.history_summary(now),
+    }
+
+
+def _controls(name: str, state: Any) -> dict[str, Any]:
+    """A queue's run-time state: paused, and the limits that hold."""
+    limits = controls.limits_for(name, state)
+    return {
+        "paused": bool(state is not None and state.paused),
+        "concurrency": limits.concurrency,
+        "rate": None if limits.rate is None else str(limits.rate),
     }
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from django.db import connections, transaction
 
-from django_pgqueue import conf, signals, validation
+from django_pgqueue import conf, signals, tracing, validation
 from django_pgqueue.db import prepared_cursor
 from django_pgqueue.fields import timestamp_from_text
 from django_pgqueue.models import StreamEvent
@@ -71,6 +71,19 @@ def publish(
     is inserted: at once on the queue's database, at the caller's commit
     when the queue lives on another alias (None until then).
     """
+    tracer = tracing.tracer()
+    if tracer is not None:
+        with tracing.producing(tracer, stream, None) as (span, carrier):
+            headers = tracing.with_context(headers, carrier)
+            event = _publish(stream, payload, key, headers, using)
+            tracing.sent(span, event.position)
+            return event
+    return _publish(stream, payload, key, headers, using)
+
+
+def _publish(
+    stream: str, payload: Any, key: str | None, headers: dict[str, Any] | None, using: str | None
+) -> StreamEvent:
     validation.check_name("stream", stream, STREAM_NAME_MAX_LENGTH)
     payload_json = validation.to_json("payload", payload)
     headers, headers_json = validation.check_headers(headers)

@@ -27,7 +27,7 @@ from typing import Any
 from django.db import connections, transaction
 from django.utils import timezone
 
-from django_pgqueue import conf, policy, registry, signals
+from django_pgqueue import conf, policy, registry, signals, tracing
 from django_pgqueue.db import transaction_failed
 from django_pgqueue.exceptions import Permanent, Retry, describe
 from django_pgqueue.fields import finite_sql
@@ -241,19 +241,30 @@ def _run(
             more = True  # the rest in the next batch
             break
         event, problem = _event(spec, row, attempts + 1 if row[0] == failing else 1)
+        tracer = tracing.tracer()
+        span = None if tracer is None else _start_span(tracer, spec, event)
         try:
             with transaction.atomic(using=conf.database_alias()):  # this event's savepoint
                 if problem:
                     raise Permanent(problem)
                 with watch(event) if watch is not None else contextlib.nullcontext():
-                    registry.call(spec, event, "subscriber")
+                    if span is None:
+                        registry.call(spec, event, "subscriber")
+                    else:
+                        with tracing.active(span, record=False):  # _failed records
+                            registry.call(spec, event, "subscriber")
                 if connection.needs_rollback or transaction_failed(connection):
                     raise BrokenTransaction(
                         "the subscriber caught a database error and returned: its transaction "
                         "cannot commit (wrap queries that may fail in transaction.atomic())"
                     )
         except Exception as exc:  # noqa: BLE001  any failure is recorded
-            return _failed(spec, batch, event, exc)
+            delivery = _failed(spec, batch, event, exc, span)
+            if span is not None:
+                tracing.end(span, delivery.outcome)
+            return delivery
+        if span is not None:
+            tracing.end(span, DELIVERED)
         batch.passed(event.xid, event.position)
     subscriptions.advance(batch)
     logger.info(
@@ -264,12 +275,27 @@ def _run(
     return Delivery(DELIVERED, delivered=batch.done, more=more)
 
 
+def _start_span(tracer: Any, spec: SubscriberSpec, event: Event) -> Any:
+    """The CONSUMER span of delivering ``event`` to ``spec`` (tracing on)."""
+    return tracing.start_consumer(
+        tracer, event.headers, spec.stream, spec.stream, event.position, event.attempts,
+        subscription=spec.name,
+    )  # fmt: skip
+
+
 def _failed(
-    spec: SubscriberSpec, batch: subscriptions.Batch, event: Event, exc: Exception
+    spec: SubscriberSpec,
+    batch: subscriptions.Batch,
+    event: Event,
+    exc: Exception,
+    span: Any = None,
 ) -> Delivery:
     """``event`` failed (its savepoint is rolled back): retry it later, block
     the subscription, or move the event to the dead letters; the checkpoint
-    moves past the events before it."""
+    moves past the events before it. ``span``: its delivery's span (tracing
+    on), which records the failure and what follows."""
+    if span is not None:
+        tracing.failed(span, exc)
     category = policy.classify(exc, event)
     retry_after = exc.after if isinstance(exc, Retry) else None
     max_attempts = spec.max_attempts or conf.get("MAX_ATTEMPTS")
@@ -281,6 +307,8 @@ def _failed(
         clock = batch.now if isinstance(batch.now, datetime.datetime) else timezone.now()
         retry_at = clock + datetime.timedelta(seconds=decision.delay)
         subscriptions.retry_later(batch, event.position, event.attempts, reason, retry_at)
+        if span is not None:
+            tracing.retried(span, category, reason, decision.delay)
         logger.warning(
             "Subscription %s: event position=%s of stream %s failed (attempt %s, %s): %s; "
             "retrying in %.1fs",
@@ -295,6 +323,8 @@ def _failed(
         subscriptions.dead_letter_event(
             batch, event.position, event.attempts, category, reason, trace
         )
+        if span is not None:
+            tracing.dead_lettered(span, category, reason)
         return Delivery(DEAD_LETTERED, delivered=done)
     subscriptions.block(batch, event.position, event.attempts, reason)
     logger.error(

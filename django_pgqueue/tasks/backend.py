@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from django_pgqueue import conf, enqueuing, validation
 from django_pgqueue.exceptions import InvalidMessage
-from django_pgqueue.models import TaskRecord
+from django_pgqueue.models import Message, TaskRecord
 from django_pgqueue.tasks import options
 from django_pgqueue.tasks.options import OPTION_NAMES, TASK_TOPIC
 from django_pgqueue.tasks.results import result_from_record
@@ -139,6 +139,33 @@ class PgQueueBackend(BaseTaskBackend):
     # --- enqueue --------------------------------------------------------------
 
     def enqueue(self, task: Task, args: list[Any], kwargs: dict[str, Any]) -> TaskResult:
+        task_result, message, now = self._prepare(task, args, kwargs, {})
+        queue_alias = conf.database_alias()
+        if self.using == queue_alias:
+            _insert(task_result, message, queue_alias, now)
+        else:
+            # The queue is on another database: the task follows the caller's
+            # transaction by waiting for its commit (a rollback drops it).
+            transaction.on_commit(
+                lambda: _insert(task_result, message, queue_alias, now), using=self.using
+            )
+        return task_result
+
+    def enqueue_with_headers(
+        self, task: Task, args: list[Any], kwargs: dict[str, Any], headers: dict[str, Any]
+    ) -> tuple[TaskResult, Message]:
+        """``enqueue`` inside the transaction open on the queue's database,
+        whatever alias the backend follows, with ``headers`` added to the
+        task's message: a schedule's tick is recorded and its task enqueued
+        so, in one transaction, the message naming its schedule and tick."""
+        task_result, message, now = self._prepare(task, args, kwargs, headers)
+        return task_result, _insert(task_result, message, conf.database_alias(), now)
+
+    def _prepare(
+        self, task: Task, args: list[Any], kwargs: dict[str, Any], headers: dict[str, Any]
+    ) -> tuple[TaskResult, dict[str, Any], datetime.datetime]:
+        """(the task's result, the enqueue() keywords of its message, now),
+        checked: InvalidTask if they cannot be enqueued."""
         self.validate_task(task)
         now = timezone.now()
         delay: object = task.run_after
@@ -158,21 +185,12 @@ class PgQueueBackend(BaseTaskBackend):
             errors=[],
             worker_ids=[],
         )
-        message = _task_message(task_result)
+        message = _task_message(task_result, headers)
         try:
             validation.check_message(**message)
         except InvalidMessage as exc:
             raise InvalidTask(str(exc)) from None
-        queue_alias = conf.database_alias()
-        if self.using == queue_alias:
-            _insert(task_result, message, queue_alias, now)
-        else:
-            # The queue is on another database: the task follows the caller's
-            # transaction by waiting for its commit (a rollback drops it).
-            transaction.on_commit(
-                lambda: _insert(task_result, message, queue_alias, now), using=self.using
-            )
-        return task_result
+        return task_result, message, now
 
     # --- results --------------------------------------------------------------
 
@@ -188,8 +206,8 @@ class PgQueueBackend(BaseTaskBackend):
         return result_from_record(record, using)
 
 
-def _task_message(task_result: TaskResult) -> dict[str, Any]:
-    """The enqueue() keywords of the task's message."""
+def _task_message(task_result: TaskResult, headers: dict[str, Any]) -> dict[str, Any]:
+    """The enqueue() keywords of the task's message (with ``headers``)."""
     task = task_result.task
     return {
         "topic": TASK_TOPIC,
@@ -199,7 +217,7 @@ def _task_message(task_result: TaskResult) -> dict[str, Any]:
             "args": task_result.args,
             "kwargs": task_result.kwargs,
         },
-        "headers": {"task": task.module_path},
+        "headers": {**headers, "task": task.module_path},
         "priority": task.priority,
         "queue": task.queue_name,
         "run_at": task.run_after,
@@ -209,9 +227,9 @@ def _task_message(task_result: TaskResult) -> dict[str, Any]:
 
 def _insert(
     task_result: TaskResult, message: dict[str, Any], using: str, enqueued_at: datetime.datetime
-) -> None:
+) -> Message:
     """The task's message and record, in one transaction on the queue's database
-    (a savepoint of the caller's, when it is open there)."""
+    (a savepoint of the caller's, when it is open there); returns the message."""
     task = task_result.task
     with transaction.atomic(using=using):
         inserted = enqueuing.enqueue(**message, using=using)
@@ -228,6 +246,7 @@ def _insert(
             message_id=inserted.pk,
         )
         transaction.on_commit(lambda: _send_enqueued(task_result), using=using)
+    return inserted
 
 
 def _send_enqueued(task_result: TaskResult) -> None:

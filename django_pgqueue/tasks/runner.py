@@ -163,7 +163,14 @@ def mark_started(
         except psycopg.OperationalError:
             if not conn.broken or attempt == 2:
                 raise  # a lock timeout, or the server is gone: the attempt fails (retried)
-            _close_side_connection(using)  # dropped (a restart, a terminated backend): again
+            close_side_connection(using)  # dropped (a restart, a terminated backend): again
+    if row is None:
+        # Another connection cannot see a record that this connection's open
+        # transaction created: a test's transaction (django_pgqueue.testing's
+        # drain() inside a TestCase), which never commits. Marked there.
+        with connections[using].cursor() as cursor:
+            cursor.execute(statement, params)
+            row = cursor.fetchone()
     if row is None:
         raise Permanent(f"the task record {record_id} was deleted while its task was claimed")
     worker_ids, started_at, last_attempted_at = row
@@ -199,7 +206,11 @@ def _side_connection(using: str) -> psycopg.Connection[Any]:
     return side.conn
 
 
-def _close_side_connection(using: str) -> None:
+def close_side_connection(using: str) -> None:
+    """Close this thread's side connection to ``using``, if it has one (a
+    worker's handler threads end, which frees theirs; a thread that lives
+    on, such as a test's with django_pgqueue.testing's drain(), closes it:
+    an open connection keeps the test database from being dropped)."""
     side = getattr(_side, "connections", {}).pop(using, None)
     if side is not None:
         side.conn.close()

@@ -1,6 +1,8 @@
 """Claims: whether to claim now and how many, and the claim itself, one
 round trip that also carries the waiting acknowledgements and the promotion
-of released message groups (``lifecycle.ack_and_claim_rows``)."""
+of released message groups (``lifecycle.ack_and_claim_rows``). The queues
+claimed from are those not paused nor waiting for a slot of their limits
+(``QueueControls``)."""
 
 from __future__ import annotations
 
@@ -8,9 +10,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from django_pgqueue import lifecycle, registry, sql
+from django_pgqueue import groups, lifecycle, registry, sql
 from django_pgqueue.worker.acks import Acks
 from django_pgqueue.worker.config import Metrics, WorkerConfig
+from django_pgqueue.worker.controls import QueueControls
 from django_pgqueue.worker.job import Job
 from django_pgqueue.worker.ledger import Ledger
 from django_pgqueue.worker.wakeup import Wakeup
@@ -24,6 +27,7 @@ class Claimer:
     acks: Acks
     submit: Callable[[Job], None]  # hands a claimed job to the handler threads
     metrics: Metrics
+    controls: QueueControls  # paused queues and limits: what to claim from, how many
     claimed: int = field(default=0, init=False)  # messages claimed by this worker
     few_ready: bool = field(default=False, init=False)  # the last claim came back short
 
@@ -49,18 +53,28 @@ class Claimer:
         threads; returns (how many it asked for, how many it got)."""
         config = self.config
         asked = self.size()
+        queues = self.controls.claimable(time.monotonic())
+        if not queues:
+            # Every queue of its is paused or waits for a slot of its limits:
+            # no claim, but what a claim's round trip would carry goes on
+            # (else the loop would keep coming back for it).
+            self.acks.flush()
+            if self.wakeup.take_groups():
+                groups.promote_groups()
+            return asked, 0
         acks = self.ledger.take_unacked()
         promote = self.wakeup.take_groups() or any(job.message.group_key for job in acks)
         started = time.perf_counter()
         try:
             result = lifecycle.ack_and_claim_rows(
                 [job.message for job in acks],
-                config.queues,
+                queues,
                 asked,
                 config.worker_id,
                 config.lease_seconds,
                 few_ready=self.few_ready,
                 promote=promote,
+                limits=self.controls.claim_limits(),
             )
         except BaseException:
             self.acks.put_back(acks)  # flushed again next time
@@ -68,6 +82,8 @@ class Claimer:
                 self.wakeup.release_groups()
             raise
         rows = result.rows
+        if result.limited:
+            self.controls.claimed(result.limited, time.monotonic())
         if result.groups_left:
             self.wakeup.release_groups()
         self.metrics.claimed(len(rows), time.perf_counter() - started)

@@ -8,12 +8,15 @@ Threads of one worker process:
   wait for a notification, a free slot, the next due run_at or the poll
   interval (``wakeup``); when idle, one poll query tells what is ready;
 - the listener wakes the loop when a NOTIFY names one of its queues
-  (``listener``);
+  (``listener``), and hands on what the control channel says: a queue
+  paused, resumed or limited, cancellation asked (``controls``);
 - the heartbeat extends the leases of held messages, records the worker's
   liveness (when the polls did not) and runs maintenance (``heartbeat``);
 - ``concurrency`` handler threads run the handlers (``executor``, ``pool``,
   ``atomic``) and acknowledge batches (``acks``);
-- with stream subscriptions, the delivery threads (``worker.streams``).
+- with stream subscriptions, the delivery threads (``worker.streams``);
+- with periodic schedules, the scheduler (``scheduler``), which enqueues
+  their ticks (a --burst worker runs one round before it starts).
 
 The parts share what the worker holds through the ``Ledger``.
 """
@@ -36,16 +39,20 @@ from django.db import DatabaseError, connections
 from django_pgqueue import conf, liveness
 from django_pgqueue.db import Backoff, drop_broken_connections, first_line, lock_timed_out
 from django_pgqueue.observability.metrics import NullMetrics
+from django_pgqueue.schedules.configured import configured
+from django_pgqueue.schedules.spec import ScheduleSpec
 from django_pgqueue.streams.subscribers import select
 from django_pgqueue.worker import listener, shutdown
 from django_pgqueue.worker.acks import Acks
 from django_pgqueue.worker.claiming import Claimer
 from django_pgqueue.worker.config import BATCH_PER_THREAD, Metrics, WorkerConfig
+from django_pgqueue.worker.controls import QueueControls
 from django_pgqueue.worker.executor import Executor
 from django_pgqueue.worker.heartbeat import Heartbeat
 from django_pgqueue.worker.ledger import Ledger
 from django_pgqueue.worker.outcomes import Outcomes
 from django_pgqueue.worker.pool import HandlerPool
+from django_pgqueue.worker.scheduler import Scheduler
 from django_pgqueue.worker.streams import StreamWorker, start_for
 from django_pgqueue.worker.wakeup import Wakeup
 
@@ -80,6 +87,7 @@ class Worker:
         worker_id: str | None = None,
         metrics: Metrics | None = None,
         subscriptions: str | Sequence[str] | None = None,
+        schedules: bool | Sequence[ScheduleSpec] = True,
     ) -> None:
         hostname = socket.gethostname()
         # Claims of several messages per thread make fewer round trips (and,
@@ -109,17 +117,21 @@ class Worker:
         self._wakeup = Wakeup()
         self._pool = HandlerPool(concurrency)
         self._ledger = Ledger(config, self._pool.stuck)
-        outcomes = Outcomes(config.worker_id, metrics)
+        self._controls = QueueControls(config, self._ledger, self._wakeup)
+        outcomes = Outcomes(config.worker_id, metrics, self._controls)
         self._acks = Acks(config.worker_id, self._ledger, self._wakeup, outcomes)
         self._executor = Executor(
             config, self._ledger, self._pool, self._wakeup, self._acks, outcomes, metrics
         )
-        self._claimer = Claimer(
-            config, self._ledger, self._wakeup, self._acks, self._pool.submit, metrics
-        )
+        parts = (self._ledger, self._wakeup, self._acks, self._pool.submit, metrics)
+        self._claimer = Claimer(config, *parts, self._controls)
         self._stopping = threading.Event()  # no more claims
         self._exit = threading.Event()  # helper threads end
-        self._heartbeat = Heartbeat(config, self._ledger, metrics, self._exit)
+        self._heartbeat = Heartbeat(config, self._ledger, metrics, self._exit, self._controls)
+        # Periodic schedules: True runs the project's (settings and handlers;
+        # ImproperlyConfigured if one is bad), False none, or these specs.
+        specs = configured() if schedules is True else list(schedules or ())
+        self._scheduler = Scheduler(config.worker_id, specs, metrics, self._exit) if specs else None
         self._threads: list[threading.Thread] = []
         # For health checks: when the main loop last went round, and the
         # database error it is recovering from, if any.
@@ -165,8 +177,12 @@ class Worker:
         self._pool.start(self._executor.run_job)
         self.metrics.track_inflight(self._ledger.count)
         self._threads.append(self._heartbeat.start())
+        if self._scheduler is not None and not config.burst:
+            self._threads.append(self._scheduler.start())
         if config.listen:
-            self._threads.append(listener.start(config, self._wakeup, self.metrics, self._exit))
+            self._threads.append(
+                listener.start(config, self._wakeup, self.metrics, self._exit, self._controls)
+            )
         self._streams = start_for(  # None when it serves no subscription
             self.subscriptions,
             self.worker_id,
@@ -176,6 +192,8 @@ class Worker:
             wake_worker=self._wakeup.set if config.burst else None,
         )
         try:
+            if self._scheduler is not None and config.burst:
+                self._scheduler.run_once()  # what is due now; the loop works it off
             self._loop()
         finally:
             self._shutdown()
@@ -193,7 +211,8 @@ class Worker:
         loop goes round (it wakes at least once per poll interval) and its
         last database work succeeded, and, when it delivers to stream
         subscriptions, while its delivery thread lives and goes round
-        (``StreamWorker.health``, under "streams")."""
+        (``StreamWorker.health``, under "streams"); with schedules, while its
+        scheduler's last round reached the database (under "scheduler")."""
         loop_age = time.monotonic() - self._loop_seen
         loop_alive = not self._stopping.is_set() and loop_age < self.config.poll_interval * 2 + 5
         details: dict[str, Any] = {
@@ -207,6 +226,12 @@ class Worker:
         if self.loop_error:
             details["loop_error"] = self.loop_error
         healthy = loop_alive and not self.loop_error
+        scheduler = self._scheduler
+        if scheduler is not None:
+            details["scheduler"] = {"schedules": scheduler.names, "rounds": scheduler.rounds}
+            if scheduler.error:  # it retries; no tick is enqueued meanwhile
+                details["scheduler"]["error"] = scheduler.error
+                healthy = False
         if self._streams is not None:
             streams_healthy, details["streams"] = self._streams.health()
             healthy = healthy and streams_healthy
@@ -231,6 +256,7 @@ class Worker:
         while not self._stopping.is_set():
             self._loop_seen = time.monotonic()
             try:
+                self._controls.refresh()  # paused queues, limits: when they changed
                 claim = claimer.wanted(ready)
                 if not claim:
                     self._acks.flush()  # else the claim carries them
@@ -250,7 +276,8 @@ class Worker:
                     if found.ready or found.groups_released:
                         ready = True
                     elif config.burst and not ledger.busy() and self._streams_caught_up():
-                        break
+                        if self._controls.next_unblock() == math.inf:  # (no rate's window)
+                            break
                     until_due = found.seconds_until_due()
                     due_at = None if until_due is None else time.monotonic() + until_due
                 backoff.reset()
@@ -273,11 +300,17 @@ class Worker:
                 continue
             now = time.monotonic()
             wake_at = min(
-                next_poll, due_at or math.inf, ledger.next_deadline(), ledger.ack_due or math.inf
+                next_poll,
+                due_at or math.inf,
+                ledger.next_deadline(),
+                ledger.ack_due or math.inf,
+                self._controls.next_unblock(),
             )
             if self._wakeup.wait(max(0.0, wake_at - now)):
                 ready = True
             now = time.monotonic()
+            if self._controls.take_unblocked(now):  # a slot of a queue's rate is free
+                ready = True
             if due_at is not None and now >= due_at:
                 due_at = None
                 ready = True
@@ -289,13 +322,14 @@ class Worker:
         """One query: what is ready, when the next message is due, whether a
         lease expired or groups were released (and the heartbeat, when due)."""
         beat = self._heartbeat.due_beat()
-        found = liveness.probe(self.config.queues, beat)
+        found = liveness.probe(self._controls.claimable(time.monotonic()), beat)
         if beat is not None:
             self._heartbeat.recorded()
         if found.lease_expired:  # a worker died: rescue now
             self._heartbeat.want_maintenance()
         if found.groups_released:
             self._wakeup.release_groups()
+        self._controls.probed(found.controls_version)
         return found
 
     def _poll_delay(self) -> float:
@@ -319,6 +353,8 @@ class Worker:
         shutdown.hand_back_leftover(self._ledger, self.worker_id)
         self._exit.set()
         self._heartbeat.stop()
+        if self._scheduler is not None:
+            self._scheduler.stop()
         self._pool.shutdown()
         for thread in self._threads:
             thread.join(timeout=5)

@@ -66,6 +66,9 @@ class Executor:
         handed back or abandoned meanwhile."""
         if not self.ledger.start(job):
             return False
+        if job.cancel_requested:  # told before it started: it never runs
+            self.finished(job, self.outcomes.cancelled(job, "cancelled before it started"))
+            return False
         self.metrics.started(job.message)
         return True
 
@@ -116,6 +119,8 @@ class Executor:
         of atomic=False jobs from this thread."""
         if job.duration is None and job.started is not None:
             job.duration = time.monotonic() - job.started
+        if job.span is not None:
+            job.end_span(outcome)
         message = job.message
         acks, has_work = self.ledger.finish(job, outcome)
         grouped = message.group_key is not None

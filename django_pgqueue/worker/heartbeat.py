@@ -4,7 +4,8 @@ leases of the messages it holds, and maintenance.
 An idle worker's poll carries its heartbeat (``due_beat``), so idling costs
 one query per poll interval; the ``pgqueue-heartbeat`` thread writes one
 only when the polls did not, because the worker is busy or polls less often
-than it beats. While messages are held, the thread extends their leases and
+than it beats. While messages are held, the thread extends their leases, looks for
+cancellations asked meanwhile (should their NOTIFY have been missed) and
 runs maintenance on a schedule; an idle poll that saw an expired lease asks
 for maintenance at once (``want_maintenance``)."""
 
@@ -20,6 +21,7 @@ from django.db import DatabaseError, connections
 from django_pgqueue import liveness, maintenance
 from django_pgqueue.db import drop_broken_connections
 from django_pgqueue.worker.config import Metrics, WorkerConfig
+from django_pgqueue.worker.controls import QueueControls
 from django_pgqueue.worker.ledger import Ledger
 
 logger = logging.getLogger(__package__)
@@ -27,10 +29,16 @@ logger = logging.getLogger(__package__)
 
 class Heartbeat:
     def __init__(
-        self, config: WorkerConfig, ledger: Ledger, metrics: Metrics, exit: threading.Event
+        self,
+        config: WorkerConfig,
+        ledger: Ledger,
+        metrics: Metrics,
+        exit: threading.Event,
+        controls: QueueControls,
     ) -> None:
         self._config = config
         self._ledger = ledger
+        self._controls = controls
         self._metrics = metrics
         self._exit = exit  # set when the worker's helper threads end
         self._wake = threading.Event()  # exit, or maintenance wanted
@@ -94,10 +102,13 @@ class Heartbeat:
                 busy = self._ledger.busy()
                 if self._maintenance_wanted or (busy and time.monotonic() >= next_maintenance):
                     self._maintenance_wanted = False
-                    maintenance.run_once()
+                    self._report(maintenance.run_once())
                     next_maintenance = time.monotonic() + maintenance_every
                 if busy:
                     self._extend_leases()
+                    # The fallback of the control channel's "cancel" (a
+                    # NOTIFY is at-most-once; poll-only mode has none).
+                    self._controls.cancel(liveness.cancel_requested(self._ledger.leased()))
             except DatabaseError as exc:
                 drop_broken_connections()
                 self._metrics.reconnected("heartbeat")
@@ -105,6 +116,14 @@ class Heartbeat:
             self._wake.wait(tick)
             self._wake.clear()
         connections.close_all()
+
+    def _report(self, result: maintenance.MaintenanceResult | None) -> None:
+        """Count the rows a round deleted (the pgqueue_worker_pruned_rows metric)."""
+        if result is None:
+            return
+        counts = dict(result.pruned.counts) if result.pruned is not None else {}
+        counts["workers"] = counts.get("workers", 0) + result.workers_pruned
+        self._metrics.pruned(counts)
 
     def _extend_leases(self) -> None:
         jobs = self._ledger.leased()

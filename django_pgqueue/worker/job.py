@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from django_pgqueue import lifecycle, registry
+from django_pgqueue import lifecycle, registry, running, tracing
 from django_pgqueue.exceptions import Permanent
 from django_pgqueue.models import Message
 from django_pgqueue.registry import HandlerSpec
@@ -20,9 +20,11 @@ logger = logging.getLogger(__package__)
 # failed, the retry or dead letter recorded; lost (lease gone, timed out,
 # handed back), nothing recorded.
 DONE, ACK_PENDING, FAILED, LOST = "done", "ack_pending", "failed", "lost"
+# Its cancellation was asked and the run ended without finishing: cancelled.
+CANCELLED = "cancelled"
 # The outcomes that finish a message at once (an ACK_PENDING one finishes when
 # its acknowledgement removes the row).
-SETTLED = (DONE, FAILED)
+SETTLED = (DONE, FAILED, CANCELLED)
 
 
 class LeaseLost(Exception):
@@ -60,6 +62,11 @@ class Job:
     # transaction, and whether that was logged.
     ack_busy_since: float | None = None
     ack_busy_logged: bool = False
+    # Cancellation was asked for its message (the handler's cancel_requested()).
+    cancel_requested: bool = False
+    # With tracing on: the CONSUMER span of its run, ended when the run ends
+    # (Executor.finished), after its retry or dead letter is recorded on it.
+    span: Any = None
     message = _MessageOfRow()
 
     def run_handler(self) -> object:
@@ -72,7 +79,26 @@ class Job:
             raise Permanent(undecodable)
         if self.spec is None:
             raise LookupError(f"no handler for topic {message.topic!r}")
-        return registry.call(self.spec, message)
+        run = running.current.set(self)  # what cancel_requested() reads
+        try:
+            tracer = tracing.tracer()
+            if tracer is None:
+                return registry.call(self.spec, message)
+            if self.span is None:  # (an atomic batch that rolled back runs it again)
+                self.span = tracing.start_consumer(
+                    tracer, message.headers, message.queue, message.topic, message.pk,
+                    message.attempts,
+                )  # fmt: skip
+            with tracing.active(self.span):
+                return registry.call(self.spec, message)
+        finally:
+            running.current.reset(run)
+
+    def end_span(self, outcome: str) -> None:
+        """Its run ended with ``outcome``: end its span, if it has one."""
+        span, self.span = self.span, None
+        if span is not None:
+            tracing.end(span, outcome)
 
     def handler_returned(self) -> None:
         """Its handler returned or raised: how long it ran; it cannot time out any more."""

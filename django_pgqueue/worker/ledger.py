@@ -170,6 +170,18 @@ class Ledger:
                 if not job.abandoned
             ]
 
+    def request_cancel(self, ids: set[int]) -> list[Job]:
+        """Cancellation was asked for the messages ``ids``: mark those in
+        flight (their handler's ``cancel_requested()`` turns True; one that
+        has not started ends cancelled without running). Returns the jobs
+        newly marked."""
+        with self._lock:
+            jobs = [self._inflight.get(pk) for pk in ids]
+            marked = [j for j in jobs if j is not None and not j.cancel_requested]
+            for job in marked:
+                job.cancel_requested = True
+        return marked
+
     # --- timeouts -----------------------------------------------------------------
 
     def next_deadline(self) -> float:

@@ -4,6 +4,7 @@ policy, retried later or dead-lettered (``record_failure``)."""
 
 from __future__ import annotations
 
+import datetime
 import logging
 import time
 import traceback
@@ -11,13 +12,15 @@ from dataclasses import dataclass
 
 from django.db import DatabaseError
 
-from django_pgqueue import lifecycle, policy, signals
+from django_pgqueue import lifecycle, policy, signals, tracing
 from django_pgqueue.db import drop_broken_connections
 from django_pgqueue.exceptions import Retry, describe
 from django_pgqueue.models import Category, Message
+from django_pgqueue.observability.metrics import CANCELLED as CANCELLED_OUTCOME
 from django_pgqueue.observability.metrics import DEAD_LETTERED, RETRIED
 from django_pgqueue.worker.config import Metrics
-from django_pgqueue.worker.job import DONE, FAILED, LOST, Job
+from django_pgqueue.worker.controls import QueueControls
+from django_pgqueue.worker.job import CANCELLED, DONE, FAILED, LOST, Job
 
 logger = logging.getLogger(__package__)
 
@@ -26,10 +29,19 @@ logger = logging.getLogger(__package__)
 class Outcomes:
     worker_id: str
     metrics: Metrics
+    # The queues' run-time state: a finished message of a concurrency-limited
+    # queue frees a slot (QueueControls.settled).
+    controls: QueueControls | None = None
+    # The time its retries and dead letters are dated; None, the database's
+    # clock (django_pgqueue.testing's drain(now=...) fabricates it).
+    now: datetime.datetime | None = None
 
     def done(self, message: Message, duration: float | None) -> None:
         """``message`` was acknowledged after its handler ran ``duration`` seconds."""
         self.metrics.finished(message, DONE, duration)  # the outcome label, "done"
+        controls = self.controls
+        if controls is not None and message.queue in controls.concurrency_limited:
+            controls.settled(message.queue)
         # The hot path: nothing is built for a log record nobody keeps or a
         # signal nobody receives.
         if logger.isEnabledFor(logging.INFO):
@@ -61,6 +73,9 @@ class Outcomes:
         or LOST when its lease was gone or the database refused the record
         (the lease then expires and maintenance returns the message)."""
         message, spec = job.message, job.spec
+        if job.cancel_requested:
+            # It stopped early, or failed, once told: cancelled, never retried.
+            return self.cancelled(job, _error_text(exc))
         duration = None if job.started is None else time.monotonic() - job.started
         try:
             if category is None:
@@ -80,17 +95,27 @@ class Outcomes:
         try:
             if decision.action == policy.RETRY:
                 if not lifecycle.retry_later(
-                    message, decision.delay, category, f"{reason}\n\n{trace}".strip()
+                    message,
+                    decision.delay,
+                    category,
+                    f"{reason}\n\n{trace}".strip(),
+                    now=self.now,
                 ):
-                    return LOST
+                    return self._cancelled_meanwhile(job, exc)
                 self._retried(message, category, reason, decision.delay, duration)
+                if job.span is not None:
+                    tracing.retried(job.span, category, reason, decision.delay)
             elif (
-                lifecycle.dead_letter(message, category, reason, trace, worker=self.worker_id)
+                lifecycle.dead_letter(
+                    message, category, reason, trace, worker=self.worker_id, now=self.now
+                )
                 is None
             ):
-                return LOST
+                return self._cancelled_meanwhile(job, exc)
             else:
                 self.metrics.finished(message, DEAD_LETTERED, duration)
+                if job.span is not None:
+                    tracing.dead_lettered(job.span, category, reason)
         except DatabaseError:
             drop_broken_connections()
             logger.exception(
@@ -100,7 +125,44 @@ class Outcomes:
                 message.topic,
             )
             return LOST
+        self._settled(message)
         return FAILED
+
+    def cancelled(self, job: Job, error: str = "") -> str:
+        """End ``job``'s run, whose cancellation was asked, as cancelled
+        (``error``: why it ended, if its handler raised); CANCELLED, or LOST
+        when its lease was gone or the database refused the record."""
+        message = job.message
+        duration = None if job.started is None else time.monotonic() - job.started
+        try:
+            if not lifecycle.cancel_running(message, error, self.worker_id):
+                return LOST
+        except DatabaseError:
+            drop_broken_connections()
+            logger.exception(
+                "Message id=%s topic=%s: could not record its cancellation; its lease will "
+                "expire and maintenance will cancel it",
+                message.pk,
+                message.topic,
+            )
+            return LOST
+        self.metrics.finished(message, CANCELLED_OUTCOME, duration)
+        self._settled(message)
+        return CANCELLED
+
+    def _cancelled_meanwhile(self, job: Job, exc: BaseException) -> str:
+        """The retry or dead letter found no row to change: the lease is lost,
+        or the message's cancellation was asked meanwhile (the notification
+        had not reached this worker yet), which its guard refuses."""
+        if lifecycle.still_leased([job.message]):
+            job.cancel_requested = True
+            return self.cancelled(job, _error_text(exc))
+        return LOST
+
+    def _settled(self, message: Message) -> None:
+        controls = self.controls
+        if controls is not None and message.queue in controls.concurrency_limited:
+            controls.settled(message.queue)
 
     def _retried(
         self,
@@ -136,3 +198,8 @@ class Outcomes:
             delay=delay,
             worker=self.worker_id,
         )
+
+
+def _error_text(exc: BaseException) -> str:
+    """What a run that ended with ``exc`` records: the error and its traceback."""
+    return f"{describe(exc)}\n\n{''.join(traceback.format_exception(exc))}".strip()

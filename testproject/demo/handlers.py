@@ -47,6 +47,13 @@ def reserve_stock(message):
     record(message)
 
 
+@handler("demo.clock")
+def clock(message):
+    """The demo's periodic schedule (pgqueue_demo's "demo.clock", every
+    second): each tick's message names its schedule and tick in its headers."""
+    record(message)
+
+
 # --- for the tests ------------------------------------------------------------
 
 
@@ -273,3 +280,29 @@ def chaos_emails(message):
 @handler("chaos.webhooks", atomic=False, backoff_base=0.05, backoff_cap=0.5)
 def chaos_webhooks(message):
     chaos(message)
+
+
+# --- run-time control (pause, cancel, limits) ------------------------------------
+
+
+@handler("test.cancellable")
+def test_cancellable(message):
+    """Records (atomic: rolled back if it raises), then works for
+    payload["seconds"] in 10 ms steps, asking cancel_requested() at each; when
+    told, raises (payload "ignore": finishes anyway)."""
+    from django_pgqueue import cancel_requested
+
+    record(message)
+    deadline = time.monotonic() + message.payload.get("seconds", 5)
+    while time.monotonic() < deadline:
+        if cancel_requested() and not message.payload.get("ignore"):
+            raise RuntimeError("stopped early: cancellation was asked")
+        time.sleep(0.01)
+
+
+@handler("test.started", atomic=False)
+def test_started(message):
+    """Records its start at once (atomic=False: committed before it sleeps),
+    then sleeps payload["seconds"]: the tests read the starts while it runs."""
+    record(message)
+    time.sleep(message.payload.get("seconds", 0))

@@ -66,7 +66,7 @@ DATABASES = {
 # Django turns psycopg's prepared statements off (prepare_threshold None) for
 # the sake of connection poolers; a project that talks to PostgreSQL directly
 # (or through PgBouncer 1.21+) can let psycopg prepare the statements it runs
-# often: django-pgqueue's one-message INSERT is one (README, Performance).
+# often: django-pgqueue's one-message INSERT is one (docs/howto/sizing.rst).
 # DATABASE_PREPARE_THRESHOLD="" turns it off, as behind an older PgBouncer.
 _prepare_threshold = env.str("DATABASE_PREPARE_THRESHOLD", default="5")
 # DATABASE_DISABLE_SERVER_SIDE_CURSORS=1: what Django needs behind PgBouncer
@@ -88,6 +88,13 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 
+# The tutorial's handler sends e-mail (docs/tutorial/index.rst, run by
+# tests/test_docs.py and tests/test_tutorial_screens.py). Django 6.1 wants
+# the mailers named, and warns at each send when none is (an error under
+# the suite's filterwarnings); its test environment swaps each for the
+# in-memory backend (mail.outbox). Django before 6.1 ignores the setting.
+MAILERS = {"default": {"BACKEND": "django.core.mail.backends.smtp.EmailBackend"}}
+
 # pgqueue.W107 warns that autovacuum is off. The server the tests and
 # benchmarks run on has autovacuum = off on purpose (benchmarks/README.md:
 # the worst case, with no vacuum at a random moment), and tox runs "check
@@ -99,6 +106,23 @@ SILENCED_SYSTEM_CHECKS = ["pgqueue.W107"]
 # Tests start worker processes with settings of their own through this
 # variable (a JSON object), e.g. PGQUEUE_JSON='{"HEARTBEAT_INTERVAL": 0.5}'.
 PGQUEUE = env.json("PGQUEUE_JSON", default={})
+
+# OpenTelemetry: a process started with PGQUEUE_TRACE_FILE (the tests'
+# worker processes, tests/test_tracing.py) exports its spans to that file, one
+# JSON object a line, through the SDK's console exporter; the test reads them.
+if env.str("PGQUEUE_TRACE_FILE", default=""):
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
+
+    _spans = open(env.str("PGQUEUE_TRACE_FILE"), "a", buffering=1)  # noqa: SIM115
+    _provider = TracerProvider()
+    _provider.add_span_processor(
+        SimpleSpanProcessor(
+            ConsoleSpanExporter(out=_spans, formatter=lambda span: span.to_json(indent=None) + "\n")
+        )
+    )
+    trace.set_tracer_provider(_provider)
 
 LOGGING = {
     "version": 1,

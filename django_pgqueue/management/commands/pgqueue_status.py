@@ -46,6 +46,10 @@ WORKER_COLUMNS = Columns(
     ["ID", "HOST", "PID", "QUEUES", "STATE", "HEARTBEAT", "INFLIGHT", "PROCESSED"],
     "<26 <14 >7 <14 <5 >9 >8 >9",
 )
+SCHEDULE_COLUMNS = Columns(
+    ["NAME", "SCHEDULE", "TIME ZONE", "STATE", "NEXT TICK", "LAST TICK", "LAST MESSAGE"],
+    "<24 <30 <14 <6 <25 <25 <18",
+)
 SUBSCRIPTION_COLUMNS = Columns(
     ["NAME", "STREAM", "STATE", "CHECKPOINT", "LAG", "OLDEST", "WHY"],
     "<26 <20 <8 >10 >8 >7 <100",  # WHY last: long enough for an error's first line
@@ -57,7 +61,8 @@ class Command(BaseCommand):
         "Show the queues (ready, delayed and processing messages by queue and topic, the "
         "oldest ready message's age, live workers), the dead letters by topic, category and "
         "state, the workers with their last heartbeat, and the stream subscriptions (state, "
-        "checkpoint, lag, why one is blocked or retrying). Exit status: 0 when no threshold "
+        "checkpoint, lag, why one is blocked or retrying) and the periodic schedules (next and "
+        "last tick, the last message's state, paused or not). Exit status: 0 when no threshold "
         "is crossed; 1 when one is (the report is still written, and one CRITICAL line per "
         "crossing goes to stderr); 2 when the command cannot run (a bad option, the queue "
         "database unreachable or not migrated, a failing system check)."
@@ -144,7 +149,7 @@ class Command(BaseCommand):
 
 
 def _text(report: dict[str, Any]) -> list[str]:
-    """The report as the lines of four tables."""
+    """The report as the lines of five tables."""
     lines = ["Queues", QUEUE_COLUMNS.header()]
     for name, queue in report["queues"].items():
         counts = [queue[state] for state in STATES]
@@ -166,7 +171,41 @@ def _text(report: dict[str, Any]) -> list[str]:
             lines.append(SUBSCRIPTION_COLUMNS.row(_subscription_cells(row)))
     else:
         lines.append("no subscriptions")
-    return lines
+    lines += ["", "Schedules"]
+    if report["schedules"]:
+        lines.append(SCHEDULE_COLUMNS.header())
+        lines += [SCHEDULE_COLUMNS.row(_schedule_cells(row)) for row in report["schedules"]]
+    else:
+        lines.append("no schedules")
+    return [*lines, "", "History", _history_line(report["history"])]
+
+
+def _history_line(history: dict[str, Any]) -> str:
+    """How many finished messages are kept, their size and the oldest's age."""
+    if not history["keep_finished_seconds"] and not history["rows"]:
+        return "off (KEEP_FINISHED is 0)"
+    rows = f"{'about ' if history['rows_estimated'] else ''}{plural(history['rows'], 'message')}"
+    oldest = history["oldest_age_seconds"]
+    return (
+        f"{rows} finished, {history['bytes'] // 1024} kB, "
+        f"oldest {age(oldest) if oldest is not None else '-'} ago, "
+        f"kept {seconds(history['keep_finished_seconds'])}s"
+    )
+
+
+def _schedule_cells(row: dict[str, Any]) -> list[object]:
+    last = row["last_message_state"] or ""
+    if row["last_message_id"] is not None:
+        last = f"#{row['last_message_id']} {last}"
+    return [
+        row["name"],
+        row["description"] or "(no longer configured)",
+        row["timezone"] or "",
+        "paused" if row["paused"] else "active",
+        row["next_tick"] or "-",
+        row["last_tick"] or "-",
+        last or "-",
+    ]
 
 
 def _dead_letter_lines(dead_letters: list[dict[str, Any]]) -> list[str]:
@@ -249,7 +288,8 @@ def _thresholds(
         for name, queue in queues.items():
             ready = queue[stats.READY]
             line = f"queue {name!r} has {plural(ready, 'ready message')} (limit {limit})"
-            check("max_ready", limit, ready, ready > limit, line, name)
+            # A paused queue's backlog grows by design: no alarm for it.
+            check("max_ready", limit, ready, ready > limit and not queue["paused"], line, name)
     limit = options["max_age"]
     if limit is not None:
         for name, queue in queues.items():
@@ -258,7 +298,7 @@ def _thresholds(
                 f"queue {name!r} has a message ready for {seconds(waited)} seconds and not "
                 f"yet claimed (limit {seconds(limit)})"
             )
-            check("max_age", limit, waited, waited > limit, line, name)
+            check("max_age", limit, waited, waited > limit and not queue["paused"], line, name)
     limit = options["max_dead_letters"]
     if limit is not None:
         new = sum(

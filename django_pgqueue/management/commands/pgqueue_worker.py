@@ -152,6 +152,13 @@ class Command(BaseCommand):
             "comma-separated subscription names",
         )
         parser.add_argument(
+            "--no-schedules",
+            action="store_true",
+            help="do not run the scheduler of the periodic schedules (PGQUEUE['SCHEDULES'], "
+            "@handler(schedule=)) in this worker; by default every worker runs it, and each "
+            "tick is one message however many do",
+        )
+        parser.add_argument(
             "--log-level",
             type=log_level,
             default="INFO",
@@ -179,6 +186,7 @@ class Command(BaseCommand):
             lease_seconds=options["lease"],
             metrics=metrics,
             subscriptions=options["subscriptions"],
+            schedules=not options["no_schedules"],
         )
         servers = []
         try:

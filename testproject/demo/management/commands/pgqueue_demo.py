@@ -1,6 +1,7 @@
 """manage.py pgqueue_demo: enqueue a mix of demo messages, work them off with an
 in-process worker in burst mode, and print what happened (the quick start that
-./rundemo runs). The handlers are the demo.* topics of demo/handlers.py."""
+./rundemo runs); then run a periodic schedule for a few seconds and show its
+ticks. The handlers are the demo.* topics of demo/handlers.py."""
 
 import argparse
 import logging
@@ -13,7 +14,8 @@ from django.db.models.functions import Now
 
 from demo.models import Handled
 from django_pgqueue import enqueue_many
-from django_pgqueue.models import DeadLetter, Message, Status
+from django_pgqueue.models import DeadLetter, Message, Schedule, ScheduleTick, Status
+from django_pgqueue.schedules.spec import parse
 from django_pgqueue.worker import Worker
 
 QUEUE = "demo"  # a queue of its own: the demo's worker touches nothing else
@@ -21,6 +23,11 @@ MAX_COUNT = 1000
 TIME_LIMIT = 60.0  # seconds for all bursts together
 RETRY_HORIZON = 10.0  # after a burst, wait for retries due within this many seconds
 SHOWN_DEAD_LETTERS = 5
+# The periodic schedule the demo shows, as an entry of PGQUEUE["SCHEDULES"]
+# would declare it: a message for demo.clock every second, on the demo queue.
+SCHEDULE_NAME = "demo.clock"
+SCHEDULE = {"every": 1, "topic": "demo.clock", "queue": QUEUE}
+SCHEDULE_SECONDS = 3.5  # how long the scheduling worker runs
 
 
 def count_value(text):
@@ -90,17 +97,25 @@ class Command(BaseCommand):
             logger.setLevel(logging.WARNING)
         try:
             self._work_off(ids, started + TIME_LIMIT)
+            self.stdout.write(f"Done in {time.monotonic() - started:.1f}s.\n\n")
+            self._report(ids)
+            self._schedule()
         finally:
             logger.setLevel(level)
-        self.stdout.write(f"Done in {time.monotonic() - started:.1f}s.\n\n")
-        self._report(ids)
+        self.stdout.write(
+            "\nThe admin: run `python testproject/manage.py createsuperuser`, then\n"
+            "`python testproject/manage.py runserver` and open http://127.0.0.1:8000/admin/"
+        )
 
     def _work_off(self, ids, deadline):
         """Burst after burst. A burst ends when nothing is ready, but a failed
         message waits a moment (its backoff) before its retry is due: sleep
         until then and burst again, within the deadline."""
         for burst in range(1, 1000):
-            worker = Worker(queues=[QUEUE], concurrency=4, burst=True, shutdown_timeout=5)
+            # The project's own schedules are not the demo's business.
+            worker = Worker(
+                queues=[QUEUE], concurrency=4, burst=True, shutdown_timeout=5, schedules=False
+            )
             timer = threading.Timer(max(0.0, deadline - time.monotonic()), worker.stop)
             timer.start()
             try:
@@ -142,7 +157,38 @@ class Command(BaseCommand):
             write(f"  ... and {sum(categories.values()) - SHOWN_DEAD_LETTERS} more")
         still = ", ".join(f"{status}: {n}" for status, n in sorted(left.items()))
         write(f"Still queued:  {sum(left.values())}" + (f" ({still})" if still else ""))
+
+    def _schedule(self):
+        """A worker runs the schedule for a few seconds: one message per tick,
+        each naming its schedule and tick, handled like any message."""
+        write = self.stdout.write
+        entry = {SCHEDULE_NAME: SCHEDULE}
+        write(f"\nA periodic schedule: PGQUEUE['SCHEDULES'] = {entry!r}")
+        spec = parse(SCHEDULE_NAME, SCHEDULE)
+        ScheduleTick.objects.filter(schedule=SCHEDULE_NAME).delete()  # an earlier demo's
+        worker = Worker(queues=[QUEUE], concurrency=2, schedules=[spec], shutdown_timeout=5)
+        timer = threading.Timer(SCHEDULE_SECONDS, worker.stop)
+        timer.start()
+        try:
+            worker.run()
+        finally:
+            timer.cancel()
+        ticks = list(ScheduleTick.objects.filter(schedule=SCHEDULE_NAME).order_by("tick"))
+        handled = Handled.objects.filter(message_id__in=[t.message_id for t in ticks])
+        handled_ids = set(handled.values_list("message_id", flat=True))
         write(
-            "\nThe admin: run `python testproject/manage.py createsuperuser`, then\n"
-            "`python testproject/manage.py runserver` and open http://127.0.0.1:8000/admin/"
+            f"A worker ran for {SCHEDULE_SECONDS}s ({spec.describe().lower()}): "
+            f"{len(ticks)} ticks, one message each, {len(handled_ids)} handled"
         )
+        for tick in ticks:
+            done = "handled" if tick.message_id in handled_ids else "waiting"
+            write(
+                f"  tick {tick.tick.time().isoformat('seconds')}: message #{tick.message_id} {done}"
+            )
+        write(
+            "Each message carries the headers pgqueue-schedule and pgqueue-scheduled-at; with\n"
+            "any number of workers each tick is one message (pgqueue_schedules list, the admin's\n"
+            "Schedules page for the schedules of your settings)."
+        )
+        # Not a schedule of the project's settings: leave no row for the admin to list.
+        Schedule.objects.filter(name=SCHEDULE_NAME).delete()
