@@ -1,13 +1,15 @@
 #!/usr/bin/env python
-"""django-pgqueue side by side with a raw psycopg loop, pgqueuer, procrastinate
-and Django's django.tasks (django-tasks-db backend), in one run.
+"""django-pgqueue side by side with a raw psycopg loop, pgqueuer, graphile-worker
+(Node.js), procrastinate and Django's django.tasks (django-tasks-db backend), in
+one run.
 
     .venv/bin/python benchmarks/compare.py [--messages 20000] [--systems raw,pgqueue,...]
 
 Every system gets a database of its own on the same server (bench_compare_<system>,
 or --database-prefix, dropped and created again by every run), its own virtualenv under
 benchmarks/.venvs/<system> (created with pinned versions unless --skip-install;
-django-pgqueue and the raw loop run from the repo's .venv), and the same
+django-pgqueue and the raw loop run from the repo's .venv; graphile-worker from
+benchmarks/peers/graphile/node_modules, installed by npm ci), and the same
 measurements: enqueue rate (one message per transaction, and the system's bulk
 API), drain throughput of a --messages backlog with 1 and 2 worker processes,
 enqueue-commit-to-handler-start latency with an idle listening worker, the

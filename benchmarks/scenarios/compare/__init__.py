@@ -4,7 +4,7 @@ of its own (benchmarks/peers/); ab.py uses the same machinery for two
 trees of django-pgqueue.
 
 - ``system``: what a system under test is (its virtualenv, database, client, workers);
-- ``systems``: the five systems;
+- ``systems``: the six systems (``graphile``: graphile-worker, on Node.js);
 - ``measure``: one drain, the latency, the idle cost of one system;
 - ``run``: every measurement of one system, and the runs in turn;
 - ``targets`` and ``markdown``: django-pgqueue's targets, the report;
@@ -19,8 +19,8 @@ VENVS = BENCH / ".venvs"
 RESULTS = BENCH / "results"
 
 # django-pgqueue's workers. --prefetch 200: a claim goes out while the
-# previous batch still has work queued (README, Performance: tuning for
-# short handlers). --subscriptions none: the testproject registers stream
+# previous batch still has work queued (docs/howto/sizing.rst: batch size
+# and prefetch for short handlers). --subscriptions none: the testproject registers stream
 # subscribers for the test suite; a project without any runs no stream
 # thread, and the peers have no streams.
 DEFAULT_PGQUEUE_WORKER_ARGS = "--concurrency 4 --batch-size 100 --prefetch 200 --subscriptions none"

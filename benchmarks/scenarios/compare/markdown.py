@@ -123,7 +123,8 @@ def markdown(report):
         notes = r["notes"]
         versions = ", ".join(f"{k} {v}" for k, v in (r.get("versions") or {}).items())
         out.append(
-            f"| {r['label']} ({versions}; Python {r.get('python')}) | {notes['worker']} | "
+            f"| {r['label']} ({versions}; {r.get('runtime') or 'Python ' + str(r.get('python'))})"
+            f" | {notes['worker']} | "
             f"{notes['enqueue_single']} | {notes['enqueue_bulk']} | {notes['idle']} |"
         )
     out.append("")

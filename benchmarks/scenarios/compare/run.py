@@ -42,6 +42,7 @@ def set_up(system: System, result: Result) -> bool:
         return False
     result["versions"] = system.info.get("versions")
     result["python"] = system.info.get("python")
+    result["runtime"] = system.info.get("runtime") or f"Python {result['python']}"
     result["database"] = system.dbname
     result["worker_args"] = system.worker_args
     result["notes"] = {
@@ -220,19 +221,20 @@ def best_variant(result: Result) -> tuple[str, str] | None:
 def paired_drains(ran: Ran, stats: Stats, opts: Any) -> dict[str, Any] | None:
     """The one-process drains that the targets compare, run again in turn,
     --repeat rounds: the raw loop with batch 100, django-pgqueue (both
-    variants) and pgqueuer's fastest variant. Drains of different systems
-    otherwise run minutes apart, and this machine's speed moves by a third
-    within minutes, so a ratio of two such runs measures the moment as much
-    as the systems. The targets take the median of the rounds' ratios; the
-    table keeps the main runs."""
+    variants) and the fastest variant of pgqueuer and of graphile-worker.
+    Drains of different systems otherwise run minutes apart, and this
+    machine's speed moves by a third within minutes, so a ratio of two such
+    runs measures the moment as much as the systems. The targets take the
+    median of the rounds' ratios; the table keeps the main runs."""
     entries = []
     for name, keys in (("raw", ["batch100"]), ("pgqueue", ["atomic", "nonatomic"])):
         if name in ran and ran[name][1].get("status") == "ok":
             entries += [(name, key) for key in keys]
-    if "pgqueuer" in ran and ran["pgqueuer"][1].get("status") == "ok":
-        best = best_variant(ran["pgqueuer"][1])
-        if best:
-            entries.append(("pgqueuer", best[0]))
+    for peer in ("pgqueuer", "graphile"):
+        if peer in ran and ran[peer][1].get("status") == "ok":
+            best = best_variant(ran[peer][1])
+            if best:
+                entries.append((peer, best[0]))
     if not any(name == "pgqueue" for name, _ in entries) or len(entries) < 3:
         return None
     print("\n== one-process drains again, in turn (for the targets' ratios)", file=sys.stderr)

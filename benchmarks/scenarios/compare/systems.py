@@ -9,6 +9,7 @@ from harness import db
 from harness.tree import Tree
 
 from scenarios.compare import PEERS
+from scenarios.compare.graphile import Graphile
 from scenarios.compare.system import System, Variant, find_python312
 
 
@@ -57,7 +58,7 @@ class PgQueue(System):
         " drains), DEBUG=False, OPTIONS prepare_threshold=5"
     )
     single_note = "`enqueue(topic, payload)` in autocommit"
-    bulk_note = "`enqueue_many(items, topic=...)`, one statement"
+    bulk_note = "`enqueue_many(items, topic=...)`: pipelined INSERTs of 1,000 rows, one transaction"
     first_key_sql = "SELECT min(id) FROM django_pgqueue_message"
     claimed_sql = (
         "SELECT coalesce((SELECT status <> 'waiting' FROM django_pgqueue_message WHERE id = %s),"
@@ -303,4 +304,4 @@ class DjangoTasks(System):
         return argv + (["--batch"] if burst else [])
 
 
-SYSTEMS = {cls.name: cls for cls in (Raw, PgQueue, PgQueuer, Procrastinate, DjangoTasks)}
+SYSTEMS = {cls.name: cls for cls in (Raw, PgQueue, PgQueuer, Graphile, Procrastinate, DjangoTasks)}
