@@ -203,6 +203,18 @@ def test_a_handler_past_its_timeout_is_retried_and_does_not_block_capacity():
     assert not Handled.objects.filter(message_id=slow.pk).exists()
 
 
+def test_a_timeout_is_noticed_when_it_passes_not_at_the_next_poll():
+    """The main loop reckons when to wake before a handler starts; the
+    handler's thread wakes it to reckon again with the new deadline."""
+    # test.timeout: timeout 1 s, sleeps the payload's seconds.
+    slow = enqueue("test.timeout", {"seconds": 3})
+    with running_worker(concurrency=1, poll_interval=10):
+        timed_out = Message.objects.filter(pk=slow.pk, last_error__startswith="HandlerTimeout")
+        # Due 1 s after the start; the next poll would be 10 s after it.
+        wait_until(timed_out.exists, timeout=6, message="the timeout to be noticed before the poll")
+    wait_until(lambda: not handler_threads(), timeout=10, message="the late handler to return")
+
+
 @pytest.fixture
 def lease_thief():
     """A handler that loses its lease mid-run, as when it is rescued and taken

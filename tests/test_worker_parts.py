@@ -43,10 +43,10 @@ class FakeMessage:
 class BuiltJob(Job):
     """A claimed job whose message is given, not decoded from a claim row."""
 
-    def __init__(self, message):
+    def __init__(self, message, spec=None):
         row = [None] * (sql.ROW_ID + 1)
         row[sql.ROW_ID] = message.pk
-        super().__init__(row=tuple(row), spec=None)
+        super().__init__(row=tuple(row), spec=spec)
         self.given = message
 
     @property
@@ -157,6 +157,32 @@ def test_shutdown_takes_back_the_unstarted_jobs_then_abandons_the_rest():
 
 
 # --- the wake-up ----------------------------------------------------------------------
+
+
+def test_a_handler_due_to_time_out_before_the_loop_wakes_asks_for_a_wake_up():
+    """The loop reckons its wake-up before a handler starts; a handler whose
+    deadline comes first must have it look again (Executor.start wakes it)."""
+    ledger = Ledger(config(), stuck=lambda: 0)
+    spec = registry.HandlerSpec(
+        topic="t",
+        func=lambda message: None,
+        max_attempts=None,
+        timeout=1.0,
+        atomic=False,
+        backoff_base=None,
+        backoff_cap=None,
+        backoff_jitter=None,
+        is_async=False,
+        location="here",
+    )
+    timed, also_timed = BuiltJob(FakeMessage(1), spec), BuiltJob(FakeMessage(2), spec)
+    untimed = job(3)
+    ledger.add([timed, also_timed, untimed])
+    ledger.loop_wakes_at = time.monotonic() + 10  # asleep until its next poll
+    assert ledger.start(untimed) and not ledger.wakes_the_loop(untimed)
+    assert ledger.start(timed) and ledger.wakes_the_loop(timed)
+    ledger.loop_wakes_at = ledger.next_deadline()  # the loop looked again
+    assert ledger.start(also_timed) and not ledger.wakes_the_loop(also_timed)
 
 
 def test_a_wakeup_says_whether_to_claim():

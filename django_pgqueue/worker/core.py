@@ -298,6 +298,10 @@ class Worker:
                 continue
             if claimer.wanted(ready):
                 continue
+            # A handler that starts while the wake-up is reckoned wakes the
+            # loop (its deadline may be missing from it); one that starts
+            # after compares its deadline with the wake-up (Executor.start).
+            ledger.loop_wakes_at = math.inf
             now = time.monotonic()
             wake_at = min(
                 next_poll,
@@ -306,6 +310,7 @@ class Worker:
                 ledger.ack_due or math.inf,
                 self._controls.next_unblock(),
             )
+            ledger.loop_wakes_at = wake_at
             if self._wakeup.wait(max(0.0, wake_at - now)):
                 ready = True
             now = time.monotonic()

@@ -66,6 +66,11 @@ class Executor:
         handed back or abandoned meanwhile."""
         if not self.ledger.start(job):
             return False
+        if self.ledger.wakes_the_loop(job):
+            # The loop sleeps past this handler's deadline: wake it (no
+            # claim, only a new reckoning of when to wake) so that a timeout
+            # is noticed when it passes, not at the next poll.
+            self.wakeup.set()
         if job.cancel_requested:  # told before it started: it never runs
             self.finished(job, self.outcomes.cancelled(job, "cancelled before it started"))
             return False

@@ -37,6 +37,9 @@ class Ledger:
         self.queued = 0  # jobs in flight that no thread has taken yet
         self._acking = 0  # acknowledgements a handler thread is sending
         self.ack_due: float | None = None  # time.monotonic() by which to flush the unacked
+        # When the main loop next wakes (time.monotonic()), set by the loop
+        # before it waits; read by the handler threads (wakes_the_loop).
+        self.loop_wakes_at = math.inf
         self.processed = 0  # acknowledged, retried or dead-lettered by this worker
 
     # --- claims ---------------------------------------------------------------
@@ -183,6 +186,13 @@ class Ledger:
         return marked
 
     # --- timeouts -----------------------------------------------------------------
+
+    def wakes_the_loop(self, job: Job) -> bool:
+        """Whether ``job``'s deadline (set by ``start``) comes before the main
+        loop's next wake-up (``loop_wakes_at``), which was reckoned before
+        this handler started: the loop must look again, or it notices the
+        overrun only when it wakes for another reason (its next poll)."""
+        return job.deadline is not None and job.deadline < self.loop_wakes_at
 
     def next_deadline(self) -> float:
         """When the first running handler times out (time.monotonic(); inf: none does)."""
