@@ -381,7 +381,7 @@ def test_every_signal_is_documented_with_where_it_is_sent():
     page = "\n".join(pgqueue_docs.signals_rst())
     sent = {send.signal for send in pgqueue_docs.signal_sends()}
     for name in names:
-        assert f".. data:: django_pgqueue.signals.{name}\n" in page
+        assert f".. data:: {name}\n   :module: django_pgqueue.signals\n" in page
     assert not set(names) - sent, f"no send of {set(names) - sent} found in the package"
 
 

@@ -215,7 +215,9 @@ def signals_rst() -> list[str]:
         if name not in signal_names():
             continue
         description = comments.above(node.lineno)
-        lines += [f".. data:: django_pgqueue.signals.{name}", ""]
+        # The name within its module (:module:), whatever module the page
+        # made current: the signals page's automodule sets one already.
+        lines += [f".. data:: {name}", "   :module: django_pgqueue.signals", ""]
         lines += indent([line for p in description for line in (rst_text(p), "")])
         sent = [s for s in sends if s.signal == name]
         if sent:
