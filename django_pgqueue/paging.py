@@ -32,3 +32,10 @@ def ids_in_chunks(
             return
         yield ids
         after = ids[-1]
+
+
+def slices(ids: list[int], size: int) -> Iterator[list[int]]:
+    """``ids`` (already known, in the order given) ``size`` at a time: the
+    chunks of an explicit selection, where there is nothing to page through."""
+    for start in range(0, len(ids), size):
+        yield ids[start : start + size]

@@ -98,13 +98,19 @@ def table(connection: BaseDatabaseWrapper, model: type[Model]) -> str:
 # attempt count stops at the integer's maximum (one such row must not fail
 # every claim of its queue), and a run_at of '-infinity' becomes the claim's
 # time (Python has no datetime for it).
-CLAIM_SQL = """
-WITH clock AS (SELECT COALESCE(%s::timestamptz, now()) AS now{async_commit})
-UPDATE {table} AS m SET status = 'processing', attempts = LEAST(m.attempts, 2147483646) + 1,
+# What a claim sets on the rows it leases (parameters: the lease token, its
+# seconds, the worker), here and in sql_limited's claim of a queue with limits.
+CLAIM_SET = """SET status = 'processing', attempts = LEAST(m.attempts, 2147483646) + 1,
     lease_token = %s,
     lease_expires_at = clock.now + make_interval(secs => %s), locked_by = %s,
     updated_at = clock.now,
-    run_at = CASE WHEN isfinite(m.run_at) THEN m.run_at ELSE clock.now END
+    run_at = CASE WHEN isfinite(m.run_at) THEN m.run_at ELSE clock.now END"""
+CLAIM_SQL = (
+    """
+WITH clock AS (SELECT COALESCE(%s::timestamptz, now()) AS now{async_commit})
+UPDATE {table} AS m """
+    + CLAIM_SET
+    + """
 FROM clock
 WHERE m.ctid = ANY(ARRAY(
     SELECT ctid FROM {table}
@@ -112,6 +118,7 @@ WHERE m.ctid = ANY(ARRAY(
     ORDER BY {order} LIMIT {limit} FOR UPDATE SKIP LOCKED))
 RETURNING {columns}
 """
+)
 ASYNC_COMMIT_COLUMN = ", set_config('synchronous_commit', 'off', true) AS async_commit"
 _CLAIM_ORDER = "priority DESC, run_at, id"
 _FEW_READY_ORDER = "run_at"

@@ -15,7 +15,7 @@ from django.db import connections
 
 from django_pgqueue.conf.limits import LONGEST_PERIOD
 from django_pgqueue.models import Message, QueueStart
-from django_pgqueue.sql import ASYNC_COMMIT_COLUMN, claim_columns, table
+from django_pgqueue.sql import ASYNC_COMMIT_COLUMN, CLAIM_SET, claim_columns, table
 
 # A queue's limits (concurrency, rate) hold for every worker on every host
 # together, so they are enforced where every claim meets: in the database.
@@ -47,7 +47,8 @@ LIMITED_LOCK_SQL = "SELECT pg_advisory_xact_lock(1885827432, hashtext(%s))"
 # period (prune)]. The clock is the statement's time, not the transaction's
 # (now()): the transaction began before the wait for the lock, and a start
 # recorded that much early would leave its window that much early.
-LIMITED_CLAIM_SQL = """
+LIMITED_CLAIM_SQL = (
+    """
 WITH clock AS (SELECT COALESCE(%s::timestamptz, statement_timestamp()) AS now{async_commit}),
 running AS (
     SELECT count(*) AS n, %s::bigint AS most FROM {table}
@@ -58,11 +59,9 @@ allowed AS (
         window_.most - window_.n)) AS n
     FROM running, window_),
 claimed AS (
-    UPDATE {table} AS m SET status = 'processing',
-        attempts = LEAST(m.attempts, 2147483646) + 1, lease_token = %s,
-        lease_expires_at = clock.now + make_interval(secs => %s), locked_by = %s,
-        updated_at = clock.now,
-        run_at = CASE WHEN isfinite(m.run_at) THEN m.run_at ELSE clock.now END
+    UPDATE {table} AS m """
+    + CLAIM_SET
+    + """
     FROM clock
     WHERE m.ctid = ANY(ARRAY(
         SELECT ctid FROM {table}
@@ -71,6 +70,7 @@ claimed AS (
     RETURNING {columns}){record}
 SELECT * FROM claimed
 """
+)
 _NO_WINDOW = "SELECT 0 AS n, 2147483647::bigint AS most"
 _WINDOW = """
     SELECT COALESCE(sum(s.count), 0) AS n, %s::bigint AS most FROM {starts} AS s

@@ -15,7 +15,7 @@ from django_pgqueue.deadletters import arguments
 from django_pgqueue.deadletters.result import GONE, TriageResult
 from django_pgqueue.exceptions import DeadLetterError
 from django_pgqueue.models import Category, DeadLetter, DeadLetterState
-from django_pgqueue.paging import ids_in_chunks
+from django_pgqueue.paging import ids_in_chunks, slices
 
 CHUNK_SIZE = 500
 
@@ -71,11 +71,11 @@ def id_batches(dead_letters: DeadLetters, using: str, size: int) -> Iterator[lis
             # A slice of a filter on the state would select other rows once
             # the first chunk has changed state: take its ids now.
             ids = sorted(set(dead_letters.using(using).values_list("pk", flat=True)))
-            return _slices(ids, size)
+            return slices(ids, size)
         return _queryset_batches(dead_letters.using(using), size)
     if isinstance(dead_letters, DeadLetter):
         dead_letters = [dead_letters]
-    return _slices(checked_ids(dead_letters, using), size)
+    return slices(checked_ids(dead_letters, using), size)
 
 
 def locked(
@@ -116,7 +116,7 @@ def checked_ids(items: object, using: str) -> list[int]:
         distinct.add(item)
     ids = sorted(distinct)
     missing = []
-    for chunk in _slices(ids, 10_000):
+    for chunk in slices(ids, 10_000):
         found = set(
             DeadLetter.objects.using(using).filter(pk__in=chunk).values_list("pk", flat=True)
         )
@@ -138,8 +138,3 @@ def _queryset_batches(queryset: QuerySet[DeadLetter], size: int) -> Iterator[lis
     if last is None:
         return iter(())
     return ids_in_chunks(selected, size, upto=last)
-
-
-def _slices(ids: list[int], size: int) -> Iterator[list[int]]:
-    for start in range(0, len(ids), size):
-        yield ids[start : start + size]

@@ -34,7 +34,7 @@ from django_pgqueue.lifecycle.guards import (
     now_or_db,
 )
 from django_pgqueue.models import Message, Outcome, Status
-from django_pgqueue.paging import ids_in_chunks
+from django_pgqueue.paging import ids_in_chunks, slices
 
 CHUNK_SIZE = 500  # messages locked and changed per transaction
 # The control channel's payload that asks the workers to stop running
@@ -215,7 +215,7 @@ def _id_chunks(messages: Messages, using: str) -> Iterator[list[int]]:
             )
         if messages.query.is_sliced:
             picked = sorted(set(messages.using(using).values_list("pk", flat=True)))
-            return (picked[i : i + CHUNK_SIZE] for i in range(0, len(picked), CHUNK_SIZE))
+            return slices(picked, CHUNK_SIZE)
         return ids_in_chunks(messages.using(using), CHUNK_SIZE)
     items = [messages] if isinstance(messages, Message | int) else list(messages)
     ids: set[int] = set()
@@ -225,4 +225,4 @@ def _id_chunks(messages: Messages, using: str) -> Iterator[list[int]]:
             raise QueueControlError(f"message ids are whole numbers of at least 1, not {pk!r}")
         ids.add(pk)
     ordered = sorted(ids)
-    return (ordered[i : i + CHUNK_SIZE] for i in range(0, len(ordered), CHUNK_SIZE))
+    return slices(ordered, CHUNK_SIZE)

@@ -8,6 +8,7 @@ CommandError from call_command, never a traceback from deep inside.
 """
 
 import argparse
+import getpass
 import math
 import threading
 
@@ -64,6 +65,11 @@ queue_name = _name("queue name", conf.QUEUE_MAX_LENGTH)
 topic_name = _name("topic name", conf.TOPIC_MAX_LENGTH)
 
 
+def topic_list(value):
+    """Comma-separated topic names, at least one."""
+    return [topic_name(item) for item in text_list(value)]
+
+
 def queue_list(value):
     """Comma-separated queue names, at least one."""
     names = [name.strip() for name in value.split(",") if name.strip()]
@@ -85,6 +91,20 @@ def _whole_number(text, minimum, words, maximum=BIGINT_MAX):
     if value > maximum:
         raise argparse.ArgumentTypeError(f"must be at most {maximum}, not {value}")
     return value
+
+
+def id_list(value):
+    """Comma-separated row ids (whole numbers, at least 1), at least one."""
+    ids = []
+    for item in text_list(value):
+        try:
+            number = int(item)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{item!r} is not a whole number") from None
+        if number < 1:
+            raise argparse.ArgumentTypeError(f"ids are at least 1, not {number}")
+        ids.append(number)
+    return ids
 
 
 def positive_int(text):
@@ -130,3 +150,15 @@ def seconds(text):
 
 def seconds_or_zero(text):
     return _seconds(text, allow_zero=True)
+
+
+# --- who acts ---------------------------------------------------------------------------
+
+
+def default_actor():
+    """Who a command acts as when ``--by`` is not given: the login name, or
+    "" where the uid has no name (a bare container)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return ""

@@ -12,7 +12,6 @@ refuse to run without a filter unless --all is given, and take --dry-run.
 
 import argparse
 import datetime
-import getpass
 import json
 import math
 import re
@@ -25,7 +24,9 @@ from django_pgqueue import deadletters
 from django_pgqueue.exceptions import DeadLetterError
 from django_pgqueue.management.options import (
     SECONDS_MAX,
+    default_actor,
     free_text,
+    id_list,
     non_blank_text,
     positive_int,
     queue_name,
@@ -85,19 +86,6 @@ def category(text):
     return text
 
 
-def id_list(text):
-    ids = []
-    for item in text_list(text):
-        try:
-            value = int(item)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{item!r} is not a whole number") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"ids are at least 1, not {value}")
-        ids.append(value)
-    return ids
-
-
 def since(text):
     """A date (2026-11-01, midnight in the current time zone), an ISO 8601
     datetime, or an age: 30m, 2h, 3d, 1w."""
@@ -137,13 +125,6 @@ def rate(text):
             f"must be at least one message every {SECONDS_MAX:.0f} seconds, not {text}"
         )
     return value
-
-
-def _default_actor():
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # no name for this uid (a bare container)
-        return ""
 
 
 class Command(BaseCommand):
@@ -234,7 +215,7 @@ class Command(BaseCommand):
                     f"refusing to {action} every dead letter: give a filter "
                     f"({', '.join('--' + name for name in FILTERS)}) or --all"
                 )
-            by = options["by"] if options["by"] is not None else _default_actor()
+            by = options["by"] if options["by"] is not None else default_actor()
             common = {"by": by, "dry_run": options["dry_run"]}
             if action == "revive":
                 result = deadletters.revive(

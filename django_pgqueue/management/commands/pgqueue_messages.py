@@ -10,39 +10,18 @@ and end cancelled unless their handler finishes first. Prints the counts
 by outcome.
 """
 
-import argparse
-import getpass
-
 from django.core.management.base import BaseCommand, CommandError
 
 from django_pgqueue import conf, lifecycle
 from django_pgqueue.exceptions import QueueControlError
-from django_pgqueue.management.options import free_text, queue_name, text_list, topic_name
+from django_pgqueue.management.options import (
+    default_actor,
+    free_text,
+    id_list,
+    queue_name,
+    topic_list,
+)
 from django_pgqueue.models import UNFINISHED, Message
-
-
-def id_list(text):
-    ids = []
-    for item in text_list(text):
-        try:
-            value = int(item)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{item!r} is not a whole number") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"ids are at least 1, not {value}")
-        ids.append(value)
-    return ids
-
-
-def topic_list(text):
-    return [topic_name(item) for item in text_list(text)]
-
-
-def _default_actor():
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # no name for this uid (a bare container)
-        return ""
 
 
 class Command(BaseCommand):
@@ -82,7 +61,7 @@ class Command(BaseCommand):
         if options["dry_run"]:
             self._dry_run(selected, ids)
             return
-        by = options["by"] if options["by"] is not None else _default_actor()
+        by = options["by"] if options["by"] is not None else default_actor()
         try:
             result = lifecycle.cancel(ids if ids is not None else selected, by=by)
         except QueueControlError as exc:

@@ -12,7 +12,6 @@ within a second, and it outlives restarts and deploys.
 """
 
 import argparse
-import getpass
 import json
 
 from django.core.management.base import BaseCommand, CommandError
@@ -20,7 +19,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django_pgqueue import controls
 from django_pgqueue.conf import concurrency_problem, rate_problem
 from django_pgqueue.exceptions import QueueControlError
-from django_pgqueue.management.options import free_text, queue_name
+from django_pgqueue.management.options import default_actor, free_text, queue_name
 from django_pgqueue.management.output import Columns, age
 from django_pgqueue.observability import queues as queues_overview
 
@@ -46,13 +45,6 @@ def rate(text):
     if problem:
         raise argparse.ArgumentTypeError(f"{problem}, not {text!r}")
     return text
-
-
-def _default_actor():
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # no name for this uid (a bare container)
-        return ""
 
 
 class Command(BaseCommand):
@@ -95,7 +87,7 @@ class Command(BaseCommand):
         if action == "list":
             self._list(options["json"])
             return
-        by = options["by"] if options["by"] is not None else _default_actor()
+        by = options["by"] if options["by"] is not None else default_actor()
         name = options["name"]
         try:
             if action == "pause":
