@@ -190,3 +190,27 @@ def test_two_connections_counting_the_same_minute_never_wait_for_each_other(
             with connection.cursor() as cursor:
                 cursor.execute("RESET lock_timeout")
     assert counts() == {("default", "done"): 2}
+
+
+def test_the_history_indexes_are_brin_without_django_contrib_postgres():
+    """fields.BrinIndex: the history's summaries of page ranges, built as
+    migration 0016 declares them, and a bad range size refused up front."""
+    from django_pgqueue.fields import BrinIndex
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = %s AND indexname"
+            " LIKE %s ORDER BY indexname",
+            [FinishedMessage._meta.db_table, "%brin"],
+        )
+        found = cursor.fetchall()
+    assert [name for name, _ in found] == [
+        "pgqueue_hist_finished_brin",
+        "pgqueue_hist_message_brin",
+    ]
+    assert all("USING brin" in sql and "pages_per_range='32'" in sql for _, sql in found), found
+    for size in (0, -1):
+        with pytest.raises(ValueError, match="pages_per_range must be a positive integer"):
+            BrinIndex(fields=["finished_at"], name="x", pages_per_range=size)
+    index = BrinIndex(fields=["finished_at"], name="x", pages_per_range=8)
+    assert index.deconstruct()[2]["pages_per_range"] == 8
