@@ -69,13 +69,18 @@ def prepared_cursor(connection: BaseDatabaseWrapper) -> CursorWrapper:
     return wrapper
 
 
+_INERROR = psycopg.pq.TransactionStatus.INERROR
+
+
 def transaction_failed(connection: BaseDatabaseWrapper) -> bool:
     """Whether the server reported the connection's transaction as aborted
     (read from the driver's state: no round trip). A handler or subscriber
     that caught a database error and returned leaves it so: its transaction
     cannot commit."""
     raw = connection.connection
-    return raw is not None and raw.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
+    # pgconn's status, not raw.info's: that builds an object and an enum per
+    # read, and the atomic batches ask once per message.
+    return raw is not None and raw.pgconn.transaction_status == _INERROR
 
 
 def drop_broken_connections() -> None:

@@ -185,7 +185,7 @@ def call(spec: Spec, argument: object, role: str = "handler") -> object:
         # connection, inside the caller's transaction.
         return async_to_sync(spec.func)(argument)
     result = spec.func(argument)
-    if inspect.iscoroutine(result) or inspect.isgenerator(result):
+    if result is not None and (inspect.iscoroutine(result) or inspect.isgenerator(result)):
         # Its body never ran: a success would lose the message's (event's) work.
         result.close()  # no "never awaited" warning later
         raise TypeError(

@@ -2,6 +2,7 @@
 app (testproject/demo/handlers.py), real threads and connections."""
 
 import collections
+import logging
 import threading
 import time
 
@@ -500,7 +501,9 @@ def test_a_timed_out_handler_does_not_hold_the_batch_it_shares_hostage():
 def test_prefetched_messages_are_handed_back_at_once_on_stop():
     first = enqueue("test.sleep", {"seconds": 0.6})
     rest = enqueue_many([{"payload": {"seconds": 0.6}}] * 6, topic="test.sleep")
-    with running_worker(concurrency=1, batch_size=7, poll_interval=0.1, shutdown_timeout=10):
+    with running_worker(
+        concurrency=1, batch_size=7, prefetch=6, poll_interval=0.1, shutdown_timeout=10
+    ):
         wait_until(lambda: Handled.objects.filter(message_id=first.pk).exists())
     handled = set(handled_ids())
     waiting = Message.objects.filter(status=Status.WAITING)
@@ -536,7 +539,12 @@ def test_prefetched_messages_that_cannot_be_handed_back_wait_for_their_lease():
         )
     try:
         with running_worker(
-            concurrency=1, batch_size=7, poll_interval=0.1, shutdown_timeout=10, lease_seconds=2
+            concurrency=1,
+            batch_size=7,
+            prefetch=6,
+            poll_interval=0.1,
+            shutdown_timeout=10,
+            lease_seconds=2,
         ):
             wait_until(lambda: Handled.objects.filter(message_id=first.pk).exists())
     finally:
@@ -551,3 +559,39 @@ def test_prefetched_messages_that_cannot_be_handed_back_wait_for_their_lease():
     with running_worker(concurrency=2, poll_interval=0.1):
         wait_until(lambda: not Message.objects.exists(), message="the rescued messages")
     assert handled_ids() == dict.fromkeys([m.pk for m in [first, *rest]], 1)
+
+
+# --- what the worker logs ------------------------------------------------------------
+
+
+def test_at_info_a_worker_logs_a_summary_with_the_rate_not_a_line_per_message(caplog):
+    caplog.set_level(logging.INFO, logger="django_pgqueue")
+    enqueue_many([{"payload": {}}] * 30, topic="test.record")
+    enqueue_many([{"payload": {}}] * 20, topic="test.record_nonatomic")
+    enqueue("test.fail", {"times": 1, "after": 3600})  # retried in an hour
+    with override_settings(PGQUEUE={"LOG_SUMMARY_INTERVAL": 3600}):
+        Worker(concurrency=4, burst=True).run()
+    per_message = [r for r in caplog.records if getattr(r, "state", None) in ("claimed", "done")]
+    assert per_message == []
+    summaries = [r for r in caplog.records if getattr(r, "state", None) == "summary"]
+    # The interval is an hour: the one line is the part logged when it stops.
+    assert len(summaries) == 1, caplog.text
+    summary = summaries[0]
+    assert (summary.done, summary.retried, summary.dead_lettered) == (50, 1, 0)
+    assert summary.finished == 51 and summary.rate > 0
+    assert " 50 done (" in summary.getMessage() and "/s), 1 retried" in summary.getMessage()
+
+
+def test_at_debug_a_worker_logs_each_claim_and_each_done_message(caplog):
+    caplog.set_level(logging.DEBUG, logger="django_pgqueue")
+    messages = enqueue_many([{"payload": {}}] * 5, topic="test.record_nonatomic")
+    Worker(concurrency=2, burst=True).run()
+    for state in ("claimed", "done"):
+        logged = {r.message_id for r in caplog.records if getattr(r, "state", None) == state}
+        assert logged == {m.pk for m in messages}, state
+
+
+def test_no_summary_for_an_interval_in_which_nothing_finished(caplog):
+    caplog.set_level(logging.INFO, logger="django_pgqueue")
+    Worker(concurrency=2, burst=True).run()
+    assert not [r for r in caplog.records if getattr(r, "state", None) == "summary"]

@@ -2,6 +2,7 @@
 worker: the claim-size rule, the wake-up's reasons to claim, the backoff
 after database errors, and the handler call shared with stream subscribers."""
 
+import dataclasses
 import threading
 import time
 
@@ -266,3 +267,64 @@ def test_the_same_function_registered_again_replaces_itself(clean_topic):
     registry.handler(clean_topic)(handle)  # its module imported twice
     with pytest.raises(DuplicateHandler):
         registry.handler(clean_topic)(lambda message: None)
+
+
+# --- --prefetch auto ------------------------------------------------------------
+
+
+def auto_config(concurrency=4, batch_size=100):
+    return dataclasses.replace(
+        config(concurrency, batch_size, prefetch=2 * batch_size), prefetch_auto=True
+    )
+
+
+def run_for(ledger, pk, seconds):
+    """A job that ran ``seconds`` and finished (its duration is what the
+    automatic prefetch follows)."""
+    finished = job(pk)
+    ledger.add([finished])
+    assert ledger.start(finished)
+    finished.duration = seconds
+    ledger.finish(finished, DONE)
+
+
+def test_auto_prefetch_claims_for_the_threads_alone_until_a_handler_has_run():
+    ledger = Ledger(auto_config(concurrency=4), stuck=lambda: 0)
+    assert ledger.claim_size() == 4
+
+
+def test_auto_prefetch_holds_up_to_two_batches_ahead_of_short_handlers():
+    ledger = Ledger(auto_config(concurrency=4, batch_size=100), stuck=lambda: 0)
+    for pk in range(1, 21):
+        run_for(ledger, pk, 0.0001)  # 4 threads x 0.1 s / 0.1 ms: 4,000 would fit
+    assert ledger.claim_size() == 100
+    held(ledger, 100)
+    assert ledger.claim_size() == 100, "the second batch ahead was refused"
+    ledger.add([job(pk) for pk in range(1000, 1100)])
+    assert ledger.claim_size() == 0, "more than concurrency + two batches is held"
+
+
+def test_auto_prefetch_holds_what_the_threads_finish_in_a_tenth_of_a_second():
+    ledger = Ledger(auto_config(concurrency=4, batch_size=100), stuck=lambda: 0)
+    for pk in range(1, 100):
+        run_for(ledger, pk, 0.01)  # 10 ms each: 4 threads finish 40 in 0.1 s
+    assert ledger.claim_size() == 44
+
+
+def test_auto_prefetch_holds_nothing_ahead_of_slow_handlers():
+    ledger = Ledger(auto_config(concurrency=4, batch_size=100), stuck=lambda: 0)
+    for pk in range(1, 5):
+        run_for(ledger, pk, 0.0001)
+    assert ledger.claim_size() == 100
+    for pk in range(5, 200):
+        run_for(ledger, pk, 5.0)  # slow now: the average follows within a few dozen runs
+    assert ledger.claim_size() == 4
+    held(ledger, 3)
+    assert ledger.claim_size() == 1, "a message was claimed ahead of a slow handler"
+
+
+def test_a_fixed_prefetch_ignores_the_durations():
+    ledger = Ledger(config(concurrency=4, batch_size=8, prefetch=8), stuck=lambda: 0)
+    for pk in range(1, 50):
+        run_for(ledger, pk, 5.0)
+    assert ledger.claim_size() == 8

@@ -107,6 +107,11 @@ DEFAULTS: dict[str, Any] = {
     # Seconds between a worker's heartbeats (its row in the worker table). A
     # worker counts as alive until three intervals pass without one.
     "HEARTBEAT_INTERVAL": 10.0,
+    # Seconds between a worker's summary lines at INFO: how many messages it
+    # finished (done, retried, dead-lettered, cancelled) and the rate. An
+    # interval in which nothing finished writes none. 0 turns it off. (The
+    # line per claimed and per done message is at DEBUG.)
+    "LOG_SUMMARY_INTERVAL": 60.0,
     # Limits on the worker's own statements that may wait for a lock (an
     # atomic handler's acknowledgement, lease extension, heartbeat and poll,
     # retries and dead-lettering, maintenance), in seconds; None keeps the

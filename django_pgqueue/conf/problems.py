@@ -176,6 +176,12 @@ def _positive_number(value: object) -> Problem:
     return "must be a number of seconds greater than 0"
 
 
+def _seconds_or_zero(value: object) -> Problem:
+    if _is_number(value) and 0 <= value < float("inf"):
+        return None
+    return "must be a number of seconds (0 turns it off)"
+
+
 def _factor(value: object) -> Problem:
     if _is_number(value) and 1 <= value < float("inf"):
         return None
@@ -344,6 +350,7 @@ CHECKS: dict[str, Callable[[Any], Problem]] = {
     "POLL_INTERVAL": _positive_number,
     "QUEUES": _queues,
     "HEARTBEAT_INTERVAL": _positive_number,
+    "LOG_SUMMARY_INTERVAL": _seconds_or_zero,
     "LOCK_TIMEOUT": _db_timeout,
     "STATEMENT_TIMEOUT": _db_timeout,
     "METRICS_ACCESS": _access,

@@ -48,10 +48,10 @@ def ack_unlocked(messages: Sequence[Message]) -> tuple[set[int], set[int]]:
 def unacknowledged(messages: Sequence[Message], finished: set[int]) -> set[int]:
     """The ids of ``messages`` not in ``finished`` that their lease still
     holds (their row was locked); the others lost their lease (logged)."""
-    missing = [m for m in messages if m.pk not in finished]
+    missing = [m for m in messages if m.id not in finished]
     busy = still_leased(missing) if missing else set()
     for message in missing:
-        if message.pk not in busy:
+        if message.id not in busy:
             log_lease_lost(message, "not acknowledged")
     return busy
 

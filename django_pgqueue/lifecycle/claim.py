@@ -172,14 +172,16 @@ def ack_and_claim_rows(
         claimed += rows
         if len(claimed) >= limit:
             break
-    if claimed and logger.isEnabledFor(logging.INFO):  # the hot path: no idle work
+    # One line per message is DEBUG (the worker's summary is INFO); the hot
+    # path builds nothing for a record nobody keeps.
+    if claimed and logger.isEnabledFor(logging.DEBUG):
         for row in claimed:
             fields = {
                 "message_id": row[ROW_ID],
                 "topic": row[ROW_TOPIC],
                 "attempt": row[ROW_ATTEMPTS],
             }
-            logger.info(
+            logger.debug(
                 "Message id=%s topic=%s attempt=%s claimed by %s",
                 *fields.values(),
                 worker_id,
@@ -192,11 +194,12 @@ def _claim_order(row: Sequence[Any]) -> tuple[int, datetime.datetime | None, int
     return (-row[ROW_PRIORITY], timestamp_from_text(row[ROW_RUN_AT]), row[ROW_ID])
 
 
-def message_from_row(row: Sequence[Any]) -> Message:
+def message_from_row(row: Sequence[Any], database: str | None = None) -> Message:
     """A Message from a row of the claim (``ClaimResult.rows``), built as a
-    queryset builds one (``Model.from_db``) from the row's decoded values."""
+    queryset builds one (``Model.from_db``) from the row's decoded values;
+    ``database``: the alias it was claimed from (default: the queue's)."""
     values, undecodable = sql.decode_claim_row(row)
-    message = Message.from_db(conf.database_alias(), sql.CLAIM_ATTNAMES, values)
+    message = Message.from_db(database or conf.database_alias(), sql.CLAIM_ATTNAMES, values)
     if undecodable is not None:
         # The worker dead-letters such a message without loading it.
         setattr(message, UNDECODABLE, undecodable)

@@ -69,10 +69,8 @@ class Acks:
         skipped those ``busy`` (locked by another transaction: sent again
         later); the others had lost their lease (lifecycle logged them)."""
         self.ledger.acked(len(finished))
-        for job in jobs:
-            if job.message.id in finished:
-                self.outcomes.done(job.message, job.duration)
-        waiting = [job for job in jobs if job.message.id in busy]
+        self.outcomes.all_done([job for job in jobs if job.message.id in finished])
+        waiting = [job for job in jobs if job.message.id in busy] if busy else None
         if waiting:
             self._wait_for_locked(waiting)
 

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from django_pgqueue import groups, lifecycle, registry, sql
+from django_pgqueue import conf, groups, lifecycle, registry, sql
 from django_pgqueue.worker.acks import Acks
 from django_pgqueue.worker.config import Metrics, WorkerConfig
 from django_pgqueue.worker.controls import QueueControls
@@ -91,8 +91,8 @@ class Claimer:
         self.few_ready = len(rows) < asked
         self.acks.acknowledged(acks, result.acked, result.busy)
         self.claimed += len(rows)
-        lookup, topic = registry.lookup, sql.ROW_TOPIC
-        jobs = [Job(row=row, spec=lookup(row[topic])) for row in rows]
+        lookup, topic, database = registry.lookup, sql.ROW_TOPIC, conf.database_alias()
+        jobs = [Job(row=row, spec=lookup(row[topic]), database=database) for row in rows]
         self.ledger.add(jobs)
         for job in jobs:
             self.submit(job)

@@ -3,15 +3,29 @@ PGQUEUE settings. Every part of the worker reads them from here."""
 
 from __future__ import annotations
 
+import os
+import socket
+import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+from django_pgqueue import conf
 from django_pgqueue.observability.metrics import NullMetrics, WorkerMetrics
 
 # What a worker reports its counters and histograms to.
 Metrics = WorkerMetrics | NullMetrics
 
-# Default --batch-size: this many messages per handler thread.
-BATCH_PER_THREAD = 4
+# Default --batch-size: the most messages one claim takes (and one batch of
+# acknowledgements). Claims of 100 cost the worker about half the CPU per
+# message of claims of 16 (docs/howto/sizing.rst has the measurements).
+DEFAULT_BATCH_SIZE = 100
+# --prefetch auto (the default): hold ahead of the running handlers about
+# what they finish in this many seconds, judged by their recent durations,
+# and at most this many batches. Short handlers get large claims that go
+# out while the threads still have work; slow ones get none ahead, so they
+# do not wait in this worker while another one is free.
+AUTO_PREFETCH_SECONDS = 0.1
+AUTO_PREFETCH_BATCHES = 2
 
 
 @dataclass(frozen=True)
@@ -23,7 +37,8 @@ class WorkerConfig:
     batch_size: int  # messages per claim, at most
     # Messages claimed ahead of the running ones, so that a claim can be a
     # batch while every thread is busy (their leases are extended like the
-    # running ones', and shutdown hands them back at once).
+    # running ones', and shutdown hands them back at once). With
+    # ``prefetch_auto``, the most: the Ledger holds fewer for slow handlers.
     prefetch: int
     burst: bool  # exit once nothing is ready
     max_messages: int | None  # exit after claiming this many
@@ -32,10 +47,53 @@ class WorkerConfig:
     lease_seconds: float
     listen: bool  # PGQUEUE["NOTIFY"]: a listener wakes the loop
     heartbeat_interval: float
+    # Seconds between the INFO summaries of what it finished (0: none).
+    log_summary_interval: float = 0.0
+    prefetch_auto: bool = False  # --prefetch auto: see AUTO_PREFETCH_SECONDS
+
+    @classmethod
+    def resolve(
+        cls,
+        *,
+        queues: Iterable[str] | None,
+        concurrency: int,
+        batch_size: int | None,
+        prefetch: int | None,
+        burst: bool,
+        max_messages: int | None,
+        shutdown_timeout: float,
+        poll_interval: float | None,
+        lease_seconds: float | None,
+        worker_id: str | None,
+    ) -> WorkerConfig:
+        """The Worker's arguments (None: the default) over the settings."""
+        hostname = socket.gethostname()
+        # Large claims make fewer round trips (and, for atomic handlers, fewer
+        # commits); prefetch None: as many ahead as the handlers' durations
+        # warrant (Ledger), up to two batches.
+        batch_size = batch_size or DEFAULT_BATCH_SIZE
+        return cls(
+            worker_id=worker_id or f"{hostname}:{os.getpid()}:{uuid.uuid4().hex[:6]}",
+            hostname=hostname,
+            queues=list(queues or conf.queues()),
+            concurrency=concurrency,
+            batch_size=batch_size,
+            prefetch=AUTO_PREFETCH_BATCHES * batch_size if prefetch is None else prefetch,
+            prefetch_auto=prefetch is None,
+            burst=burst,
+            max_messages=max_messages,
+            shutdown_timeout=shutdown_timeout,
+            poll_interval=poll_interval or conf.get("POLL_INTERVAL"),
+            lease_seconds=lease_seconds or conf.get("LEASE_SECONDS"),
+            listen=conf.get("NOTIFY"),
+            heartbeat_interval=conf.get("HEARTBEAT_INTERVAL"),
+            log_summary_interval=conf.get("LOG_SUMMARY_INTERVAL"),
+        )
 
     @property
     def capacity(self) -> int:
-        """Messages it holds at most: one per thread, and the prefetched."""
+        """Messages it holds at most: one per thread, and the prefetched
+        (with ``prefetch_auto``, the Ledger's capacity is at most this)."""
         return self.concurrency + self.prefetch
 
     @property

@@ -25,12 +25,9 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import random
-import socket
 import threading
 import time
-import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -45,7 +42,7 @@ from django_pgqueue.streams.subscribers import select
 from django_pgqueue.worker import listener, shutdown
 from django_pgqueue.worker.acks import Acks
 from django_pgqueue.worker.claiming import Claimer
-from django_pgqueue.worker.config import BATCH_PER_THREAD, Metrics, WorkerConfig
+from django_pgqueue.worker.config import Metrics, WorkerConfig
 from django_pgqueue.worker.controls import QueueControls
 from django_pgqueue.worker.executor import Executor
 from django_pgqueue.worker.heartbeat import Heartbeat
@@ -54,6 +51,7 @@ from django_pgqueue.worker.outcomes import Outcomes
 from django_pgqueue.worker.pool import HandlerPool
 from django_pgqueue.worker.scheduler import Scheduler
 from django_pgqueue.worker.streams import StreamWorker, start_for
+from django_pgqueue.worker.summary import Summary
 from django_pgqueue.worker.wakeup import Wakeup
 
 logger = logging.getLogger(__package__)
@@ -89,24 +87,17 @@ class Worker:
         subscriptions: str | Sequence[str] | None = None,
         schedules: bool | Sequence[ScheduleSpec] = True,
     ) -> None:
-        hostname = socket.gethostname()
-        # Claims of several messages per thread make fewer round trips (and,
-        # for atomic handlers, fewer commits), like Celery's prefetch multiplier.
-        batch_size = batch_size or BATCH_PER_THREAD * concurrency
-        self.config = WorkerConfig(
-            worker_id=worker_id or f"{hostname}:{os.getpid()}:{uuid.uuid4().hex[:6]}",
-            hostname=hostname,
-            queues=list(queues or conf.queues()),
+        self.config = WorkerConfig.resolve(
+            queues=queues,
             concurrency=concurrency,
             batch_size=batch_size,
-            prefetch=batch_size if prefetch is None else prefetch,
+            prefetch=prefetch,
             burst=burst,
             max_messages=max_messages,
             shutdown_timeout=shutdown_timeout,
-            poll_interval=poll_interval or conf.get("POLL_INTERVAL"),
-            lease_seconds=lease_seconds or conf.get("LEASE_SECONDS"),
-            listen=conf.get("NOTIFY"),
-            heartbeat_interval=conf.get("HEARTBEAT_INTERVAL"),
+            poll_interval=poll_interval,
+            lease_seconds=lease_seconds,
+            worker_id=worker_id,
         )
         self.metrics = metrics or NullMetrics()
         # Streams: the subscriptions it delivers to ("all", "none"/None, or
@@ -118,7 +109,8 @@ class Worker:
         self._pool = HandlerPool(concurrency)
         self._ledger = Ledger(config, self._pool.stuck)
         self._controls = QueueControls(config, self._ledger, self._wakeup)
-        outcomes = Outcomes(config.worker_id, metrics, self._controls)
+        self._summary = Summary(config.worker_id, config.log_summary_interval, self._ledger.count)
+        outcomes = Outcomes(config.worker_id, metrics, self._controls, summary=self._summary)
         self._acks = Acks(config.worker_id, self._ledger, self._wakeup, outcomes)
         self._executor = Executor(
             config, self._ledger, self._pool, self._wakeup, self._acks, outcomes, metrics
@@ -166,11 +158,12 @@ class Worker:
         config = self.config
         previous = shutdown.install_signals(self.worker_id, self.stop) if install_signals else None
         logger.info(
-            "Worker %s starting: queues=%s concurrency=%s batch=%s notify=%s lease=%ss",
+            "Worker %s starting: queues=%s concurrency=%s batch=%s prefetch=%s notify=%s lease=%ss",
             self.worker_id,
             ",".join(config.queues),
             config.concurrency,
             config.batch_size,
+            f"auto(<={config.prefetch})" if config.prefetch_auto else config.prefetch,
             config.listen,
             config.lease_seconds,
         )
@@ -198,6 +191,7 @@ class Worker:
         finally:
             self._shutdown()
             shutdown.restore_signals(previous)
+        self._summary.log_if_due(time.monotonic(), final=True)
         logger.info("Worker %s stopped after %s message(s)", self.worker_id, self.processed)
         return self.processed
 
@@ -255,6 +249,7 @@ class Worker:
         backoff = Backoff()
         while not self._stopping.is_set():
             self._loop_seen = time.monotonic()
+            self._summary.log_if_due(self._loop_seen)
             try:
                 self._controls.refresh()  # paused queues, limits: when they changed
                 claim = claimer.wanted(ready)

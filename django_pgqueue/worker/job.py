@@ -40,7 +40,7 @@ class _MessageOfRow:
     def __get__(self, job: Job | None, owner: type[Job]) -> Message:
         if job is None:
             raise AttributeError("message")
-        message = job.__dict__["message"] = lifecycle.message_from_row(job.row)
+        message = job.__dict__["message"] = lifecycle.message_from_row(job.row, job.database)
         return message
 
 
@@ -48,6 +48,7 @@ class _MessageOfRow:
 class Job:
     row: tuple[Any, ...]  # the claim's row (``message`` is built from it)
     spec: HandlerSpec | None
+    database: str | None = None  # the alias it was claimed from (None: the queue's)
     started: float | None = None  # time.monotonic() when a thread picked it up
     deadline: float | None = None
     thread: int | None = None

@@ -18,18 +18,25 @@ import time
 from collections.abc import Callable
 
 from django_pgqueue import sql
-from django_pgqueue.worker.config import WorkerConfig
+from django_pgqueue.worker.config import AUTO_PREFETCH_SECONDS, WorkerConfig
 from django_pgqueue.worker.job import ACK_PENDING, SETTLED, Job
 
 # Acknowledgements of atomic=False handlers wait at most this long to be
 # flushed together (or until a batch's worth is waiting).
 ACK_DELAY = 0.05
+# --prefetch auto: the weight of a handler's duration in the running
+# average (about the last twenty runs count).
+DURATION_WEIGHT = 0.05
 
 
 class Ledger:
     def __init__(self, config: WorkerConfig, stuck: Callable[[], int]) -> None:
         self._config = config
-        self._capacity = config.capacity  # read on every claim and finish
+        # What it may hold: read on every claim and finish. With
+        # prefetch_auto it follows the handlers' durations (claim_size),
+        # starting with the threads alone until a handler has run.
+        self._capacity = config.concurrency if config.prefetch_auto else config.capacity
+        self._average_duration: float | None = None  # seconds, prefetch_auto only
         self._stuck = stuck  # handler threads lost to timed-out handlers, not replaced
         self._lock = threading.Lock()
         self._inflight: dict[int, Job] = {}  # message id -> job whose handler runs
@@ -49,7 +56,21 @@ class Ledger:
         batch; while the threads still have enough queued work, nothing until
         a whole batch is free (fewer, larger claims)."""
         with self._lock:
+            if self._config.prefetch_auto:
+                self._capacity = self._auto_capacity()
             return self._claim_size_locked()
+
+    def _auto_capacity(self) -> int:
+        """The threads, and ahead of them what they finish in about
+        AUTO_PREFETCH_SECONDS at the handlers' average duration, at most
+        ``prefetch``: nothing ahead for handlers slower than that."""
+        config, average = self._config, self._average_duration
+        if average is None:
+            return config.concurrency  # no handler has run yet
+        if average <= 0:
+            return config.capacity
+        ahead = int(config.concurrency * AUTO_PREFETCH_SECONDS / average)
+        return config.concurrency + min(config.prefetch, ahead)
 
     def _claim_size_locked(self) -> int:
         config = self._config
@@ -90,7 +111,13 @@ class Ledger:
         are piling up, or nothing is left in flight."""
         message = job.message
         acks: list[Job] = []
+        duration = job.duration
         with self._lock:
+            if duration is not None and self._config.prefetch_auto:
+                average = self._average_duration
+                if average is not None:
+                    duration = average + (duration - average) * DURATION_WEIGHT
+                self._average_duration = duration
             if self._inflight.get(message.id) is job:
                 del self._inflight[message.id]
             if outcome == ACK_PENDING and not job.abandoned:

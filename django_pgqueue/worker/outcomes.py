@@ -21,6 +21,7 @@ from django_pgqueue.observability.metrics import DEAD_LETTERED, RETRIED
 from django_pgqueue.worker.config import Metrics
 from django_pgqueue.worker.controls import QueueControls
 from django_pgqueue.worker.job import CANCELLED, DONE, FAILED, LOST, Job
+from django_pgqueue.worker.summary import Summary
 
 logger = logging.getLogger(__package__)
 
@@ -35,17 +36,33 @@ class Outcomes:
     # The time its retries and dead letters are dated; None, the database's
     # clock (django_pgqueue.testing's drain(now=...) fabricates it).
     now: datetime.datetime | None = None
+    # The periodic summary's counts (the worker's; None: not counted).
+    summary: Summary | None = None
 
     def done(self, message: Message, duration: float | None) -> None:
         """``message`` was acknowledged after its handler ran ``duration`` seconds."""
+        if self.summary is not None:
+            self.summary.count(DONE)
+        self._report_done(message, duration)
+
+    def all_done(self, jobs: list[Job]) -> None:
+        """The messages of ``jobs`` were acknowledged (one batch: counted at once)."""
+        if self.summary is not None and jobs:
+            self.summary.count(DONE, len(jobs))
+        report = self._report_done
+        for job in jobs:
+            report(job.message, job.duration)
+
+    def _report_done(self, message: Message, duration: float | None) -> None:
         self.metrics.finished(message, DONE, duration)  # the outcome label, "done"
         controls = self.controls
         if controls is not None and message.queue in controls.concurrency_limited:
             controls.settled(message.queue)
         # The hot path: nothing is built for a log record nobody keeps or a
-        # signal nobody receives.
-        if logger.isEnabledFor(logging.INFO):
-            logger.info(
+        # signal nobody receives. One line per message is DEBUG: at INFO the
+        # worker writes a summary per interval (worker.summary).
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
                 "Message id=%s topic=%s attempt=%s done in %.3fs",
                 message.id,
                 message.topic,
@@ -59,7 +76,8 @@ class Outcomes:
                     "state": "done",
                 },
             )
-        if signals.message_done.has_listeners(type(message)):
+        # (The receivers list first: has_listeners takes a lock and two calls.)
+        if signals.message_done.receivers and signals.message_done.has_listeners(type(message)):
             signals.send(
                 signals.message_done,
                 sender=type(message),
@@ -114,6 +132,8 @@ class Outcomes:
                 return self._cancelled_meanwhile(job, exc)
             else:
                 self.metrics.finished(message, DEAD_LETTERED, duration)
+                if self.summary is not None:
+                    self.summary.count(DEAD_LETTERED)
                 if job.span is not None:
                     tracing.dead_lettered(job.span, category, reason)
         except DatabaseError:
@@ -147,6 +167,8 @@ class Outcomes:
             )
             return LOST
         self.metrics.finished(message, CANCELLED_OUTCOME, duration)
+        if self.summary is not None:
+            self.summary.count(CANCELLED_OUTCOME)
         self._settled(message)
         return CANCELLED
 
@@ -173,6 +195,8 @@ class Outcomes:
         duration: float | None,
     ) -> None:
         self.metrics.finished(message, RETRIED, duration)
+        if self.summary is not None:
+            self.summary.count(RETRIED)
         logger.info(
             "Message id=%s topic=%s attempt=%s failed (%s: %s); retry in %.1fs",
             message.pk,

@@ -23,7 +23,11 @@ class Wakeup:
 
     def set(self) -> None:
         """Wake the loop (it looks at what changed: free slots, due acknowledgements)."""
-        self._event.set()
+        # A handler thread calls this per message. Skipping it while the
+        # event is still set loses nothing: the loop clears the event before
+        # it looks at what changed, so it sees this caller's change too.
+        if not self._event.is_set():
+            self._event.set()
 
     def notify(self) -> None:
         """Wake the loop to claim: messages are ready in one of its queues."""

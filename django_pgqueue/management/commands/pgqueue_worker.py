@@ -60,6 +60,16 @@ def log_level(text):
     return text.upper()
 
 
+def prefetch_option(text):
+    """--prefetch: 'auto' (None: Worker's default) or a whole number of at least 0."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        return non_negative_int(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (or 'auto')") from None
+
+
 class Command(BaseCommand):
     help = "Run a django-pgqueue worker: claim messages and run their handlers."
 
@@ -82,14 +92,16 @@ class Command(BaseCommand):
             type=positive_int,
             default=None,
             help="most messages claimed in one transaction, and run by one handler thread in "
-            "one shared transaction for atomic handlers (default: 4 x the concurrency)",
+            "one shared transaction for atomic handlers (default: 100)",
         )
         parser.add_argument(
             "--prefetch",
-            type=non_negative_int,
+            type=prefetch_option,
             default=None,
             help="messages claimed ahead of the running ones, so claims stay batches while "
-            "every thread is busy; handed back at shutdown (default: the batch size)",
+            "every thread is busy; handed back at shutdown. 'auto' (the default): what the "
+            "threads finish in about 0.1 s at the handlers' recent durations, at most two "
+            "batches",
         )
         parser.add_argument(
             "--burst",
