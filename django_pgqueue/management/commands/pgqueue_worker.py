@@ -2,6 +2,7 @@
 --burst, until nothing is ready and its subscriptions have caught up)."""
 
 import argparse
+import gc
 import logging
 import os
 import sys
@@ -217,6 +218,12 @@ class Command(BaseCommand):
                 servers.append(health)
                 health.start()
                 _announce(worker, "health", host, health.port, "HEALTH_ACCESS")
+            # This process is a worker from here on: keep its start-up heap
+            # (Django, the project's modules) out of the cyclic collector's
+            # full scans: 5 to 6% of a no-op worker's CPU without this
+            # (docs/explanation/performance.rst).
+            gc.collect()
+            gc.freeze()
             worker.run(install_signals=True)
         finally:
             for server in servers:
