@@ -13,7 +13,9 @@ benchmarks/peers/graphile/node_modules, installed by npm ci), and the same
 measurements: enqueue rate (one message per transaction, and the system's bulk
 API), drain throughput of a --messages backlog with 1 and 2 worker processes,
 enqueue-commit-to-handler-start latency with an idle listening worker, the
-statements per second of an idle worker, and the workers' peak RSS. The results
+statements per second of an idle worker, the workers' CPU per job (start-up
+subtracted) and peak RSS. django-pgqueue runs tuned (--pgqueue-worker-args) and
+with the worker's defaults, atomic=True and atomic=False handlers. The results
 go to a JSON file and a Markdown table (also printed), with the ratios to the
 raw loop and the PASS/FAIL list of django-pgqueue's targets. See
 benchmarks/COMPARE.md for the methods; the code is in benchmarks/scenarios/compare/.
@@ -32,11 +34,18 @@ from harness.cli import run_guarded
 from harness.machine import description, git_commit
 from harness.output import command_line, now_iso, write_json
 from harness.pgstats import Stats
-from scenarios.compare import DEFAULT_PGQUEUE_WORKER_ARGS, REPEAT_MAX_DRAIN_S, RESULTS
+from scenarios.compare import (
+    DEFAULT_PGQUEUE_WORKER_ARGS,
+    PGQUEUE_VARIANTS,
+    REPEAT_MAX_DRAIN_S,
+    RESULTS,
+)
 from scenarios.compare.markdown import markdown
 from scenarios.compare.run import paired_drains, paired_enqueue, run_system
 from scenarios.compare.systems import SYSTEMS
 from scenarios.compare.targets import build_targets
+
+DEFAULT_LOG_DIR = RESULTS / "logs"
 
 NUMBERS = (  # (option, type, default, help)
     ("--messages", int, 20000, "backlog of every drain run"),
@@ -73,6 +82,13 @@ def parse_args(argv):
     p.add_argument("--json", type=Path, default=RESULTS / "compare.json", help="results file")
     p.add_argument("--markdown", type=Path, default=RESULTS / "compare.md", help="table file")
     p.add_argument(
+        "--log-dir",
+        type=Path,
+        default=DEFAULT_LOG_DIR,
+        help="the workers' logs (the default is emptied first: give another one beside a"
+        " running compare.py)",
+    )
+    p.add_argument(
         "--skip-install",
         action="store_true",
         help="use benchmarks/.venvs as they are (a missing one: that system is not run)",
@@ -80,7 +96,15 @@ def parse_args(argv):
     p.add_argument(
         "--pgqueue-worker-args",
         default=DEFAULT_PGQUEUE_WORKER_ARGS,
-        help="pgqueue_worker options for every django-pgqueue worker",
+        help="pgqueue_worker options of the tuned django-pgqueue workers (the variants"
+        " atomic and nonatomic, the latency and idle workers)",
+    )
+    p.add_argument(
+        "--pgqueue-variants",
+        default=",".join(PGQUEUE_VARIANTS),
+        help="comma-separated subset of django-pgqueue's variants: atomic,nonatomic (tuned,"
+        " --pgqueue-worker-args), atomic-defaults,nonatomic-defaults (pgqueue_worker with no"
+        " option but --subscriptions none, INFO log level)",
     )
     p.add_argument(
         "--worker-args",
@@ -104,6 +128,10 @@ def parse_args(argv):
     unknown = [s for s in args.systems if s not in SYSTEMS]
     if unknown:
         p.error(f"unknown system(s) {', '.join(unknown)}; choose from {', '.join(SYSTEMS)}")
+    args.pgqueue_variants = [v.strip() for v in args.pgqueue_variants.split(",") if v.strip()]
+    unknown = [v for v in args.pgqueue_variants if v not in PGQUEUE_VARIANTS]
+    if unknown or not args.pgqueue_variants:
+        p.error(f"--pgqueue-variants: choose from {', '.join(PGQUEUE_VARIANTS)}")
     args.processes = [int(x) for x in args.processes.split(",")]
     if min(args.messages, args.enqueue_messages, args.repeat, *args.processes) < 1:
         p.error("--messages, --enqueue-messages, --processes and --repeat must be at least 1")
@@ -124,11 +152,7 @@ def new_report(opts):
             "synchronous_commit": sync_commit,
             "load_average_at_start": os.getloadavg(),
         },
-        "options": {
-            k: (str(v) if isinstance(v, Path) else v)
-            for k, v in vars(opts).items()
-            if k != "log_dir"
-        },
+        "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(opts).items()},
         "systems": [],
     }
 
@@ -136,9 +160,9 @@ def new_report(opts):
 def run(opts):
     started = time.monotonic()
     RESULTS.mkdir(parents=True, exist_ok=True)
-    opts.log_dir = RESULTS / "logs"
-    shutil.rmtree(opts.log_dir, ignore_errors=True)
-    opts.log_dir.mkdir(parents=True)
+    if opts.log_dir == DEFAULT_LOG_DIR:  # the last run's logs only; another is the user's
+        shutil.rmtree(opts.log_dir, ignore_errors=True)
+    opts.log_dir.mkdir(parents=True, exist_ok=True)
     try:
         stats = Stats(opts.server)
     except psycopg.OperationalError as exc:

@@ -25,6 +25,10 @@ RESULTS = BENCH / "results"
 # thread, and the peers have no streams.
 DEFAULT_PGQUEUE_WORKER_ARGS = "--concurrency 4 --batch-size 100 --prefetch 200 --subscriptions none"
 
+# django-pgqueue's variants (systems.PgQueue.variants): tuned, with the
+# options above, and the worker with its defaults.
+PGQUEUE_VARIANTS = ("atomic", "nonatomic", "atomic-defaults", "nonatomic-defaults")
+
 # --repeat runs each drain configuration several times (the median counts),
 # except one whose drain took longer than this: slow enough to be steady.
 REPEAT_MAX_DRAIN_S = 20.0

@@ -23,6 +23,11 @@ def fmt_ratio(value, base):
     return f"{ratio:.2f}" if ratio < 10 else f"{ratio:.1f}"
 
 
+def fmt_cpu(run):
+    value = (run or {}).get("worker_cpu_us_per_job")
+    return "-" if value is None else f"{value:.1f}" if value < 100 else f"{value:,.0f}"
+
+
 def markdown(report):
     results = report["systems"]
     by = {r["name"]: r for r in results if r.get("status") == "ok"}
@@ -48,6 +53,7 @@ def markdown(report):
         "x raw b100",
         "drain 2 procs /s",
         "x raw b100 (2)",
+        "worker CPU us/job, 1 / 2 procs",
         "enqueue 1/txn /s",
         "x raw",
         "bulk enqueue /s",
@@ -88,6 +94,7 @@ def markdown(report):
                         fmt_ratio(j1, raw100),
                         fmt_rate(j2, run2),
                         fmt_ratio(j2, raw100_2),
+                        " / ".join(fmt_cpu(run) for run in (run1, run2)),
                         fmt_rate(r.get("enqueue_single_per_s")),
                         fmt_ratio(r.get("enqueue_single_per_s"), raw_single),
                         fmt_rate(r.get("enqueue_bulk_per_s")),
@@ -105,7 +112,11 @@ def markdown(report):
         " burst workers, backlog VACUUM ANALYZEd first, median of up to"
         f" {opts['repeat']} runs (a drain longer than {REPEAT_MAX_DRAIN_S:g} s runs once);"
         " (timeout): the run hit --run-timeout, the rate is over the part drained;"
-        " (!): see the JSON's problems. Enqueue one per transaction: median of"
+        " (!): see the JSON's problems. Worker CPU: user + system time of the worker"
+        " processes (from wait4) per job, less each"
+        " process's start-up and exit (a burst worker of the same command on an empty queue,"
+        " median of 3), median of the runs; the database server's CPU is not in it."
+        " Enqueue one per transaction: median of"
         f" {opts['repeat']} runs. Enqueue and latency are per system (the same on"
         " each of its rows); x raw b100 (2) compares with the raw loop with 2 processes."
         " Latency: an idle listening worker, messages enqueued one at a time"

@@ -11,7 +11,7 @@ from typing import Any
 from harness import db
 from harness.machine import busy_percent, cpu_times
 from harness.monitor import DrainMonitor, wait_until
-from harness.numbers import distribution
+from harness.numbers import distribution, median
 from harness.pgstats import Statements, Stats, one_line, record_statements
 from harness.processes import Process
 
@@ -51,15 +51,61 @@ def representative(repeats: list[dict[str, Any]]) -> dict[str, Any]:
     run["peak_rss_mib"] = [max(x) for x in zip(*(r["peak_rss_mib"] for r in repeats), strict=True)]
     run["problems"] = [p for r in repeats for p in r["problems"]]
     run["timed_out"] = any(r["timed_out"] for r in repeats)
+    run["worker_cpu_us_per_job"] = median(r.get("worker_cpu_us_per_job") for r in repeats)
     run["all"] = repeats
     return run
 
 
+STARTUP_RUNS = 3
+
+
+def startup_cpu(system: System, variant: Variant) -> list[float]:
+    """CPU seconds (user + system, from wait4) of STARTUP_RUNS burst workers
+    of ``variant`` on an empty queue: what a worker spends starting and
+    stopping, whatever it drains (their median is taken off a drain's CPU).
+    Measured once per worker command and environment of the system."""
+    key = repr((system.command_text(variant, True), sorted(variant.env.items())))
+    if key not in system.startup_cpu_runs:
+        system.reset()
+        runs = []
+        for i in range(STARTUP_RUNS):
+            worker = system.start_worker(variant, True, f"startup-{variant.key}-{i}")
+            code = worker.wait(system.opts.run_timeout)
+            if code != 0:
+                raise StepFailed(
+                    f"start-up run of {variant.key}: the worker exited {code}:\n"
+                    + worker.log_tail(10)
+                )
+            runs.append(worker.cpu_seconds)
+        system.startup_cpu_runs[key] = runs
+    return system.startup_cpu_runs[key]
+
+
+def worker_cpu(run: dict[str, Any], workers: list[Process], startup_s: float | None) -> None:
+    """The workers' CPU time into ``run``, and per job with ``startup_s`` (a
+    worker's start-up and exit, startup_cpu) subtracted once per process."""
+    if any(w.rusage is None for w in workers):
+        return
+    total = sum(w.cpu_seconds for w in workers)
+    run["worker_cpu_s"] = [round(w.cpu_seconds, 4) for w in workers]
+    if startup_s is not None:
+        run["startup_cpu_s"] = startup_s
+        work = total - len(workers) * startup_s
+        run["worker_cpu_us_per_job"] = 1e6 * work / run.get("processed", run["messages"])
+
+
 def drain_run(
-    system: System, stats: Stats, variant: Variant, processes: int, n: int, tag: str = "r0"
+    system: System,
+    stats: Stats,
+    variant: Variant,
+    processes: int,
+    n: int,
+    tag: str = "r0",
+    startup_s: float | None = None,
 ) -> dict[str, Any]:
     """Fill the queue, start ``processes`` burst workers at once, and time the
-    drain as the database sees it: jobs/s = n / (first claim to queue empty)."""
+    drain as the database sees it: jobs/s = n / (first claim to queue empty).
+    The workers' CPU per job has ``startup_s`` (startup_cpu) taken off."""
     bulk_rate = fill(system, variant, n)
     (first_key,) = db.fetch_row(system.url, system.first_key_sql)
     stats.wait_no_clients(system.dbname)
@@ -128,6 +174,7 @@ def drain_run(
         run["drain_s"] = monitor.drain_s
         run["jobs_per_s"] = n / run["drain_s"]
         run["startup_s"] = monitor.first_claim - started  # start to the first claim
+    worker_cpu(run, workers, startup_s)
     if not timed_out:
         stats.wait_no_clients(system.dbname)
         xacts = stats.transactions(system.dbname) - xacts_before - monitor.queries

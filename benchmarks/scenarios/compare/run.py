@@ -20,6 +20,7 @@ from scenarios.compare.measure import (
     measure_idle,
     measure_latency,
     representative,
+    startup_cpu,
 )
 from scenarios.compare.system import System
 from scenarios.compare.systems import PgQueue
@@ -63,24 +64,31 @@ def drains(system: System, stats: Stats, step: Callable[..., Any]) -> dict[str, 
     opts = system.opts
     out = {}
     for variant in system.variants():
+        # A worker's start-up and exit CPU, taken off the drains' CPU per job.
+        startup_runs = step(
+            f"{variant.label}, start-up CPU", lambda v=variant: startup_cpu(system, v)
+        )
+        startup = statistics.median(startup_runs) if startup_runs else None
         runs = {}
         for processes in opts.processes:
             repeats = []
             for i in range(opts.repeat):
                 run = step(
                     f"{variant.label}, {processes} process(es)",
-                    lambda v=variant, p=processes, i=i: drain_run(
-                        system, stats, v, p, opts.messages, f"r{i}"
+                    lambda v=variant, p=processes, i=i, s=startup: drain_run(
+                        system, stats, v, p, opts.messages, f"r{i}", s
                     ),
                 )
                 if run is None:
                     break
                 repeats.append(run)
                 jobs = run.get("jobs_per_s")
+                cpu = run.get("worker_cpu_us_per_job")
                 note = f"; {'; '.join(run['problems'])}" if run["problems"] else ""
                 print(
-                    f"  {variant.label:38} {processes}p: "
+                    f"  {variant.label:42} {processes}p: "
                     + (f"{jobs:9,.0f} jobs/s" if jobs else "        -")
+                    + (f", worker CPU {cpu:6.1f} us/job" if cpu is not None else "")
                     + f" (bulk enqueue {run['bulk_enqueue_per_s']:,.0f}/s){note}",
                     file=sys.stderr,
                 )
@@ -91,6 +99,9 @@ def drains(system: System, stats: Stats, step: Callable[..., Any]) -> dict[str, 
         out[variant.key] = {
             "label": variant.label,
             "worker": system.command_text(variant, True),
+            "worker_env": variant.env,
+            "startup_cpu_s": startup,  # the median of startup_cpu_runs, taken off
+            "startup_cpu_runs": startup_runs,
             "runs": runs,
         }
     return out
@@ -220,15 +231,17 @@ def best_variant(result: Result) -> tuple[str, str] | None:
 
 def paired_drains(ran: Ran, stats: Stats, opts: Any) -> dict[str, Any] | None:
     """The one-process drains that the targets compare, run again in turn,
-    --repeat rounds: the raw loop with batch 100, django-pgqueue (both
-    variants) and the fastest variant of pgqueuer and of graphile-worker.
-    Drains of different systems otherwise run minutes apart, and this
-    machine's speed moves by a third within minutes, so a ratio of two such
-    runs measures the moment as much as the systems. The targets take the
-    median of the rounds' ratios; the table keeps the main runs."""
+    --repeat rounds: the raw loop with batch 100, django-pgqueue (every
+    variant run: tuned and defaults) and the fastest variant of pgqueuer and
+    of graphile-worker. Drains of different systems otherwise run minutes
+    apart, and this machine's speed moves by a third within minutes, so a
+    ratio of two such runs measures the moment as much as the systems. The
+    targets take the median of the rounds' ratios; the table keeps the main
+    runs. Each round also records the workers' CPU per job (``cpu_rounds``)."""
     entries = []
-    for name, keys in (("raw", ["batch100"]), ("pgqueue", ["atomic", "nonatomic"])):
+    for name in ("raw", "pgqueue"):
         if name in ran and ran[name][1].get("status") == "ok":
+            keys = ["batch100"] if name == "raw" else [v.key for v in ran[name][0].variants()]
             entries += [(name, key) for key in keys]
     for peer in ("pgqueuer", "graphile"):
         if peer in ran and ran[peer][1].get("status") == "ok":
@@ -238,14 +251,15 @@ def paired_drains(ran: Ran, stats: Stats, opts: Any) -> dict[str, Any] | None:
     if not any(name == "pgqueue" for name, _ in entries) or len(entries) < 3:
         return None
     print("\n== one-process drains again, in turn (for the targets' ratios)", file=sys.stderr)
-    rounds = []
+    rounds, cpu_rounds = [], []
     for i in range(opts.repeat):
-        rates = {}
+        rates, cpu = {}, {}
         for name, key in entries:
             system = ran[name][0]
             variant = next(v for v in system.variants() if v.key == key)
             try:
-                run = drain_run(system, stats, variant, 1, opts.messages, f"pair{i}")
+                startup = statistics.median(startup_cpu(system, variant))  # the main runs'
+                run = drain_run(system, stats, variant, 1, opts.messages, f"pair{i}", startup)
             except Exception as exc:  # noqa: BLE001  (a failed drain: the round is incomplete)
                 print(f"  {name}/{key} FAILED: {exc}", file=sys.stderr)
                 return None
@@ -253,9 +267,11 @@ def paired_drains(ran: Ran, stats: Stats, opts: Any) -> dict[str, Any] | None:
                 print(f"  {name}/{key}: {'; '.join(run['problems']) or 'no rate'}", file=sys.stderr)
                 return None
             rates[f"{name}/{key}"] = run["jobs_per_s"]
+            cpu[f"{name}/{key}"] = run.get("worker_cpu_us_per_job")
         rounds.append(rates)
+        cpu_rounds.append(cpu)
         print("  " + ", ".join(f"{k} {v:,.0f}/s" for k, v in rates.items()), file=sys.stderr)
-    return {"entries": [f"{n}/{k}" for n, k in entries], "rounds": rounds}
+    return {"entries": [f"{n}/{k}" for n, k in entries], "rounds": rounds, "cpu_rounds": cpu_rounds}
 
 
 def paired_ratio(

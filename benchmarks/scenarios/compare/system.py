@@ -26,6 +26,10 @@ class Variant:
     label: str  # the table's row label
     client: str = ""  # --variant for the client script (topic / handler)
     worker_args: list = field(default_factory=list)  # added to the system's worker args
+    # The worker as a user starts it first: its own default options instead
+    # of the system's (--pgqueue-worker-args); only ``worker_args`` added.
+    worker_defaults: bool = False
+    env: dict = field(default_factory=dict)  # added to the worker's environment
 
 
 class System:
@@ -61,6 +65,9 @@ class System:
         self.skip_reason = None
         self.info: dict[str, Any] = {}
         self.freeze = None
+        # CPU seconds of burst workers on an empty queue, per worker command
+        # (measure.startup_cpu): their median is taken off the drains' CPU.
+        self.startup_cpu_runs: dict[str, list[float]] = {}
 
     # -- environment --
 
@@ -195,8 +202,12 @@ class System:
     def worker_argv(self, variant: Variant | None, burst: bool) -> list[Any]:
         raise NotImplementedError
 
-    def worker_env(self, latency_file: Path | None = None) -> dict[str, str]:
+    def worker_env(
+        self, variant: Variant | None, latency_file: Path | None = None
+    ) -> dict[str, str]:
         env = self.env()
+        if variant:
+            env.update(variant.env)
         if latency_file:
             env["BENCH_LATENCY_FILE"] = str(latency_file)
         return env
@@ -209,7 +220,7 @@ class System:
     ) -> Process:
         return Process(
             self.worker_argv(variant, burst),
-            env=self.worker_env(latency_file),
+            env=self.worker_env(variant, latency_file),
             cwd=self.worker_cwd(),
             log_path=self.opts.log_dir / f"{self.name}-{log_name}.log",
         )

@@ -54,8 +54,10 @@ class PgQueue(System):
     ]
     latency_from = "sql"
     worker_note_format = (
-        "`testproject/manage.py pgqueue_worker --log-level WARNING {args}` (`--burst` for the"
-        " drains), DEBUG=False, OPTIONS prepare_threshold=5"
+        "tuned: `testproject/manage.py pgqueue_worker --log-level WARNING {args}`; defaults:"
+        " `testproject/manage.py pgqueue_worker --subscriptions none`, its INFO log level"
+        " (`--subscriptions none` on both: the testproject's stream subscribers belong to its"
+        " test suite); `--burst` for the drains, DEBUG=False, OPTIONS prepare_threshold=5"
     )
     single_note = "`enqueue(topic, payload)` in autocommit"
     bulk_note = "`enqueue_many(items, topic=...)`: pipelined INSERTs of 1,000 rows, one transaction"
@@ -97,10 +99,32 @@ class PgQueue(System):
         return f"LISTEN, poll every {self.poll_interval:g} s"
 
     def variants(self):
-        return [
-            Variant("atomic", "django-pgqueue, atomic=True", client="atomic"),
-            Variant("nonatomic", "django-pgqueue, atomic=False", client="nonatomic"),
+        """The tuned workers (``--pgqueue-worker-args``; the keys "atomic" and
+        "nonatomic", which the targets and ab.py name) and the worker as a
+        user starts it first: no option but ``--subscriptions none`` (the
+        testproject registers stream subscribers for its test suite; the
+        peers have no streams), at its default INFO log level, which the
+        testproject's log handler then passes (PGQUEUE_LOG_LEVEL)."""
+        defaults = {
+            "worker_defaults": True,
+            "worker_args": ["--subscriptions", "none"],
+            "env": {"PGQUEUE_LOG_LEVEL": "INFO"},
+        }
+        every = [
+            Variant("atomic", "django-pgqueue, atomic=True, tuned", client="atomic"),
+            Variant("nonatomic", "django-pgqueue, atomic=False, tuned", client="nonatomic"),
+            Variant(
+                "atomic-defaults", "django-pgqueue, atomic=True, defaults", "atomic", **defaults
+            ),
+            Variant(
+                "nonatomic-defaults",
+                "django-pgqueue, atomic=False, defaults",
+                "nonatomic",
+                **defaults,
+            ),
         ]
+        wanted = getattr(self.opts, "pgqueue_variants", None)  # compare.py's; ab.py: every one
+        return [v for v in every if not wanted or v.key in wanted]
 
     @property
     def python(self):
@@ -132,8 +156,11 @@ class PgQueue(System):
         return self.tree.testproject
 
     def worker_argv(self, variant, burst):
-        argv = self.tree.manage("pgqueue_worker", "--log-level", "WARNING")
-        return argv + self.worker_args + (["--burst"] if burst else [])
+        if variant and variant.worker_defaults:
+            argv = self.tree.manage("pgqueue_worker", *variant.worker_args)
+        else:
+            argv = self.tree.manage("pgqueue_worker", "--log-level", "WARNING") + self.worker_args
+        return argv + (["--burst"] if burst else [])
 
     def latency_results(self, latency_file):
         found = {}
