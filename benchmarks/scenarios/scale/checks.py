@@ -171,6 +171,7 @@ class Checks:
                     f"{first['plan_buffers']} buffers; loaded {c['plan_execution_ms']:.3f} ms, "
                     f"{c['plan_buffers']} buffers"
                 )
+                self.server_cpu(claims, scenario, passes)
             self.items.append(
                 {
                     "check": f"claim plan uses a partial index, {scenario}",
@@ -181,6 +182,25 @@ class Checks:
                     "unit": "",
                     "passed": all(p["plan_uses_partial_index"] for p in passes),
                 }
+            )
+
+    def server_cpu(self, claims: list[Entry], scenario: str, passes: list[Entry]) -> None:
+        """The server backend's CPU time per claim, and per acknowledgement
+        where the scenario acknowledges, loaded against baseline (results
+        written before scale.py measured them have none)."""
+        mine = [b for b in claims if b["scenario"] == scenario]
+        for what, key in (("claim", "server_cpu_mean_ms"), ("ack", "ack_server_cpu_mean_ms")):
+            base = [b.get(key) for b in mine if b["state"] in BASELINES]
+            loaded = [p.get(key) for p in passes]
+            if None in base or None in loaded or not base:
+                continue
+            self.ratio(
+                f"{what} server CPU, {scenario}",
+                median(base),
+                median(loaded),
+                False,
+                "ms",
+                paired=paired_ratios(mine, lambda entry, key=key: entry[key]),
             )
 
     def memory(self, result: dict[str, Any]) -> None:

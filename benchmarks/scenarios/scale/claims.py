@@ -41,6 +41,13 @@ class ClaimScenario:
     # often PostgreSQL ran its generic plan and how often it planned anew
     generic_plans: int | None = None
     custom_plans: int | None = None
+    # CPU time of the server backend per claim (/proc/<pid>/schedstat): what
+    # the claim costs the server, less at the mercy of the machine's other
+    # work than the wall clock
+    server_cpu_mean_ms: float | None = None
+    # the same of the acknowledgement of each claim's messages (the full
+    # scenario: the worker's batch acknowledgement of atomic=False handlers)
+    ack_server_cpu_mean_ms: float | None = None
 
 
 @dataclass
@@ -61,6 +68,20 @@ def claim_statements(limit: int, few_ready: bool = False) -> tuple[list, int]:
     return internals.claim_statements(
         QUEUE, limit, CLAIM_WORKER_ID, CLAIM_LEASE_SECONDS, few_ready=few_ready
     )
+
+
+def backend_pid() -> int:
+    """The server process of this process's queue connection."""
+    with internals.queue_connection().cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return int(cursor.fetchone()[0])
+
+
+def cpu_ns(pid: int) -> int:
+    """CPU time of process ``pid`` so far, in nanoseconds (the server runs on
+    this machine: the benchmarks run beside it)."""
+    with open(f"/proc/{pid}/schedstat") as f:
+        return int(f.read().split()[0])
 
 
 def prepared_claim_plans() -> tuple[int, ...]:
@@ -98,9 +119,11 @@ def measure(
     calls: int,
     setup_each: Callable[[], None] | None = None,
     few_ready: bool = False,
+    ack: bool = False,
 ) -> ClaimScenario:
     """``calls`` claims of ``limit``, each finding ``ready`` messages; their
-    plan first. Claimed messages are deleted untimed."""
+    plan first. Claimed messages are deleted untimed, or with ``ack``
+    acknowledged as the worker does, the server's CPU time of that measured."""
     statements, would = claim_statements(limit, few_ready)
     if would != min(limit, ready):
         raise db.CheckFailed(
@@ -108,22 +131,29 @@ def measure(
             f"expected {min(limit, ready)}"
         )
     summaries = explain(statements)
-    times = []
+    times, cpu, ack_cpu = [], [], []
     before = prepared_claim_plans()
+    pid = backend_pid()
     for _ in range(calls):
         if setup_each:
             setup_each()
+        cpu_before = cpu_ns(pid)
         started = time.perf_counter()
         messages = internals.claim(
             [QUEUE], limit, CLAIM_WORKER_ID, CLAIM_LEASE_SECONDS, few_ready=few_ready
         )
         times.append(1000.0 * (time.perf_counter() - started))
+        cpu.append((cpu_ns(pid) - cpu_before) / 1e6)
         if len(messages) != min(limit, ready):
             raise db.CheckFailed(
                 f"{state}/{scenario}: a claim returned {len(messages)}, "
                 f"expected {min(limit, ready)}"
             )
-        if messages:
+        if messages and ack:
+            cpu_before = cpu_ns(pid)
+            internals.ack_many(messages)
+            ack_cpu.append((cpu_ns(pid) - cpu_before) / 1e6)
+        elif messages:
             db.execute(
                 f"DELETE FROM {db.MESSAGE_TABLE} WHERE id = ANY(%s)", [[m.pk for m in messages]]
             )
@@ -148,10 +178,13 @@ def measure(
         times_ms=[round(t, 4) for t in times],
         generic_plans=generic,
         custom_plans=custom,
+        server_cpu_mean_ms=statistics.fmean(cpu),
+        ack_server_cpu_mean_ms=statistics.fmean(ack_cpu) if ack_cpu else None,
     )
     print(
         f"  {state:8} claim {scenario:18} p50 {result.p50_ms:7.3f} ms  p99"
-        f" {result.p99_ms:7.3f} ms  {result.plan_buffers:6} buffers"
+        f" {result.p99_ms:7.3f} ms  server CPU {result.server_cpu_mean_ms:6.3f} ms"
+        f"  {result.plan_buffers:6} buffers"
         f"  {','.join(result.plan_indexes)}  generic/custom plans"
         f" {result.generic_plans}/{result.custom_plans}",
         file=sys.stderr,
@@ -163,8 +196,9 @@ def claim_scenarios(sizes: ClaimSizes, state: str) -> list[ClaimScenario]:
     """The worker's claim timed in this process, in four situations:
 
     full   - a backlog of ready messages (stats analysed with it there): claims
-             of --claim-batch, each returning that many; acknowledged (deleted)
-             untimed between calls.
+             of --claim-batch, each returning that many; acknowledged between
+             calls as the worker acknowledges atomic=False handlers' messages
+             (the server's CPU time of that measured, not the wall clock).
     sparse-busy-stats - one ready message per claim, asking for the worker's
              claim size, with the planner statistics still those of the backlog
              (ANALYZE ran while it was there, as after a burst, before
@@ -182,7 +216,15 @@ def claim_scenarios(sizes: ClaimSizes, state: str) -> list[ClaimScenario]:
     insert_ready(backlog)
     db.execute(f"VACUUM ANALYZE {db.MESSAGE_TABLE}")  # statistics with the backlog in them
     results = [
-        measure(state, "full", f"{batch} of a backlog of {backlog:,}", batch, backlog, sizes.calls)
+        measure(
+            state,
+            "full",
+            f"{batch} of a backlog of {backlog:,}, each batch acknowledged",
+            batch,
+            backlog,
+            sizes.calls,
+            ack=True,
+        )
     ]
     db.execute(f"VACUUM {db.MESSAGE_TABLE}")  # the dead rows go, the statistics stay
     for scenario, stats_of in (("sparse-busy-stats", "from the backlog"), ("sparse", None)):

@@ -18,7 +18,9 @@ DRAIN_HEADERS = [
 ]
 CLAIM_HEADERS = [
     h.replace("_", " ")
-    for h in "state scenario asks ready p50 p99 mean max buffers plan_ms index".split()
+    for h in (
+        "state scenario asks ready p50 p99 mean max server_cpu ack_cpu buffers plan_ms index"
+    ).split()
 ]
 
 
@@ -119,6 +121,8 @@ def claim_row(c: dict[str, Any]) -> list[Any]:
         c["limit"],
         c["ready"],
         *(fmt(c[key], ".3f") for key in ("p50_ms", "p99_ms", "mean_ms", "max_ms")),
+        fmt(c.get("server_cpu_mean_ms"), ".3f"),
+        fmt(c.get("ack_server_cpu_mean_ms"), ".3f"),
         c["plan_buffers"],
         fmt(c["plan_execution_ms"], ".3f"),
         ",".join(c["plan_indexes"]) or "-",
@@ -129,7 +133,9 @@ def print_claims(claims: list[dict[str, Any]]) -> None:
     print(
         f"\nThe worker's claim in this process, {claims[0]['calls']} calls of the full"
         f" scenario, {claims[-1]['calls']} of each other"
-        " (ms; buffers and index from EXPLAIN (ANALYZE, BUFFERS) of the captured statements)"
+        " (ms; server cpu, ack cpu: the backend's CPU time, mean per claim and per"
+        " acknowledgement of its messages; buffers and index from"
+        " EXPLAIN (ANALYZE, BUFFERS) of the captured statements)"
     )
     print(table(CLAIM_HEADERS, [claim_row(c) for c in claims]))
     described: dict[str, str] = {}

@@ -1,0 +1,64 @@
+"""The autovacuum soak (benchmarks/soak.py), short: it runs in a PostgreSQL
+cluster of its own (benchmarks/throwaway_pg.py), with autovacuum on, and
+gets every message through a real worker process. Its figures are not
+checked here (a few thousand messages say nothing about bloat); only that
+the run completes, loses nothing and reports what the documentation quotes.
+The shared server is never touched."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow]
+
+SOAK = Path(__file__).resolve().parent.parent / "benchmarks" / "soak.py"
+
+
+def test_short_soak_gets_every_message_through(tmp_path):
+    result_file = tmp_path / "soak.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(SOAK),
+            "--messages",
+            "3000",
+            "--rounds",
+            "2",
+            "--chunk",
+            "500",
+            "--claim-calls",
+            "5",
+            "--claim-batch",
+            "20",
+            "--settle",
+            "1",
+            "--naptime",
+            "1",
+            "--table-settings",
+            "product",
+            "--json",
+            str(result_file),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    # 0: the checks passed, 3: one failed (a run this short may well grow
+    # its table); 1 would be a lost message or a worker's error.
+    assert done.returncode in (0, 3), done.stdout + done.stderr
+    result = json.loads(result_file.read_text())
+    assert result["environment"]["settings"]["autovacuum"] == "on"
+    assert result["environment"]["settings"]["autovacuum_naptime"] == "1s"
+    [run] = result["runs"]
+    assert run["finished_rows"] == 3000
+    assert run["dead_letters"] == 0
+    assert "vacuum_index_cleanup=on" in run["storage_options"]
+    for when in ("probe_start", "probe_end"):
+        assert run[when]["calls"] == 5
+        assert run[when]["server_cpu_mean_ms"] > 0
+    sizes = run["rounds"][-1]["sizes"]
+    assert set(sizes) == {"django_pgqueue_message", "django_pgqueue_finishedmessage"}
+    assert "pgqueue_msg_claim_idx" in sizes["django_pgqueue_message"]["index_bytes"]
