@@ -259,14 +259,15 @@ def test_a_rolled_back_publish_leaves_a_gap_that_is_passed_over():
 
 
 def test_a_batch_goes_in_order_and_says_when_more_is_waiting(monkeypatch):
-    # A full batch, not the time limit, ends the first delivery here (the
+    # The savepoints, not the time limit, end the first delivery here (the
     # limit has a test of its own below): on a loaded machine 50 deliveries
-    # can take longer than BATCH_SECONDS.
+    # can take longer than BATCH_SECONDS. The ledger writes a row per event:
+    # each event has a savepoint, and a batch opens at most BATCH_SAVEPOINTS.
     monkeypatch.setattr(delivery, "BATCH_SECONDS", 60.0)
     positions = [publish("test.events", {"n": n}).position for n in range(120)]
     settle("test.events", positions[-1])
     first = deliver(LEDGER)
-    assert (first.delivered, first.more) == (spec(LEDGER).batch_size, True)
+    assert (first.delivered, first.more) == (delivery.BATCH_SAVEPOINTS, True)
     while delivery.deliver(spec(LEDGER)).more:
         pass
     assert delivered() == positions
@@ -666,6 +667,14 @@ def test_two_workers_deliver_each_event_once_and_in_order(start_worker):
         start_worker(*options),
         start_worker(*options, pgqueue={"NOTIFY": False}),  # poll-only
     ]
+    # Both serve the subscription before the events come (a fast one would
+    # deliver them all while the other starts, and get SIGTERM before its
+    # handler is in place).
+    wait_until(
+        lambda: all("delivering to subscription" in worker.log() for worker in workers),
+        timeout=60,
+        message="both workers to start delivering",
+    )
     positions = []
     for batch in range(30):
         with transaction.atomic():

@@ -22,6 +22,10 @@ PRIORITY_MAX = 100
 # PostgreSQL's timeouts are whole milliseconds up to INT_MAX.
 DB_TIMEOUT_MAX = 2_147_483.0
 
+# Events per stream delivery transaction (STREAM_BATCH_SIZE, batch_size=):
+# the whole batch is read in one query and held in memory.
+STREAM_BATCH_SIZE_MAX = 10_000
+
 ACCESS_CHOICES = ("open", "staff", "token")
 ALERT_TOPIC = "pgqueue.alert"
 
@@ -165,6 +169,13 @@ DEFAULTS: dict[str, Any] = {
     # subscriptions: once it is this old); then the maintenance round
     # deletes it. None keeps every event.
     "STREAM_RETENTION": 7 * 24 * 3600.0,
+    # Events a worker delivers to a subscription in one transaction, unless
+    # its @subscriber(batch_size=...) says otherwise: fewer round trips per
+    # event the larger it is. A batch also ends once 50 of its events have
+    # run queries (each such event has a savepoint; past 64 that write,
+    # PostgreSQL's snapshots overflow to pg_subtrans) or it has run for a
+    # second. From 1 to STREAM_BATCH_SIZE_MAX (10,000).
+    "STREAM_BATCH_SIZE": 500,
     # Periodic schedules: a dict of schedule names to entries; each tick of
     # a schedule becomes exactly one message, however many workers run
     # (every pgqueue_worker runs the scheduler unless --no-schedules).

@@ -27,6 +27,7 @@ from django_pgqueue.conf.defaults import (
     NAME_RE,
     QUEUE_MAX_LENGTH,
     SECRET_KEYS,
+    STREAM_BATCH_SIZE_MAX,
 )
 from django_pgqueue.conf.limits import limits_problem
 
@@ -168,6 +169,12 @@ def _non_negative_int(value: object) -> Problem:
     if is_int(value) and value >= 0:
         return None
     return "must be a whole number of at least 0"
+
+
+def _stream_batch_size(value: object) -> Problem:
+    if is_int(value) and 1 <= value <= STREAM_BATCH_SIZE_MAX:
+        return None
+    return f"must be a whole number from 1 to {STREAM_BATCH_SIZE_MAX:,}"
 
 
 def _positive_number(value: object) -> Problem:
@@ -364,6 +371,7 @@ CHECKS: dict[str, Callable[[Any], Problem]] = {
     "ALERT_WINDOW": _positive_number,
     "ALERT_SITE_URL": _http_url,
     "STREAM_RETENTION": _retention,
+    "STREAM_BATCH_SIZE": _stream_batch_size,
     "SCHEDULES": _schedules,
     "CANCELLED_RETENTION": _retention_or_none,
     "KEEP_FINISHED": _keep_finished,

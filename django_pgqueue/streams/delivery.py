@@ -14,6 +14,8 @@ same order. A failing event's savepoint is rolled back and the failure
 recorded (retry later, block, or dead-letter) in the same transaction.
 """
 
+from __future__ import annotations
+
 import contextlib
 import datetime
 import json
@@ -24,7 +26,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 from django.db import connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
 from django_pgqueue import conf, policy, registry, signals, tracing
@@ -80,6 +84,17 @@ FROM {subs} s WHERE s.id = ANY(%s)
 # subscriber has written, the batch's transaction holds back every
 # snapshot's xmin, that is every subscription's view of new events.
 BATCH_SECONDS = 1.0
+# Nor once this many of its events have opened a savepoint (run queries):
+# each savepoint that writes takes a subtransaction id, and past 64 in one
+# transaction PostgreSQL's snapshots overflow to pg_subtrans, which slows
+# every session.
+BATCH_SAVEPOINTS = 50
+
+# One event's savepoint (EventSavepoint): opened before the subscriber's
+# first query, the previous event's released in the same round trip.
+SAVEPOINT_SQL = "SAVEPOINT pgqueue_event"
+NEXT_SAVEPOINT_SQL = "RELEASE SAVEPOINT pgqueue_event; SAVEPOINT pgqueue_event"
+ROLLBACK_SAVEPOINT_SQL = "ROLLBACK TO SAVEPOINT pgqueue_event"
 
 # Outcomes of deliver().
 DELIVERED, IDLE, BUSY, NOT_DUE, STOPPED, GONE = (
@@ -145,6 +160,70 @@ class BrokenTransaction(Exception):
     """The subscriber swallowed a database error: its transaction cannot commit."""
 
 
+class EventNotUndone(Exception):
+    """A failed event's writes cannot be rolled back alone: the whole batch is."""
+
+
+class EventSavepoint:
+    """An execute wrapper on the queue's connection while a batch is
+    delivered: just before the running subscriber's first query it opens
+    the event's savepoint (releasing the previous event's in the same round
+    trip). A subscriber that runs no query through Django (it calls an API,
+    or does nothing) costs no round trip per event, and has nothing to undo;
+    one that does has every query after its savepoint, as in
+    ``transaction.atomic()``. (The worker's atomic handlers do the same.)
+
+    Queries sent around Django (the driver's connection, ``callproc``,
+    ``copy``) open no savepoint: a subscriber must not fail after writing
+    that way. A failure that left the transaction broken with no savepoint
+    to return to rolls the whole batch back (``EventNotUndone``)."""
+
+    def __init__(self, connection: BaseDatabaseWrapper) -> None:
+        self.connection = connection
+        self.armed = False  # a subscriber is running
+        self.placed = False  # the running event's savepoint is open
+        self.exists = False  # some savepoint is open in this transaction
+        self.opened = 0  # savepoints opened in this transaction
+
+    def __call__(
+        self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any
+    ) -> Any:
+        if self.armed and not self.placed:
+            self._open()
+        return execute(sql, params, many, context)
+
+    def arm(self) -> None:
+        self.armed, self.placed = True, False
+
+    def disarm(self) -> None:
+        self.armed = False
+
+    def _open(self) -> None:
+        self.armed = False  # if the savepoint fails, the batch rolls back
+        _execute_raw(self.connection, NEXT_SAVEPOINT_SQL if self.exists else SAVEPOINT_SQL)
+        self.exists = self.placed = self.armed = True
+        self.opened += 1
+
+    def rollback(self) -> None:
+        """Undo the running event's writes; without its savepoint there is
+        nothing to undo unless the transaction broke (the whole batch then
+        rolls back: EventNotUndone)."""
+        was_armed, self.armed = self.armed, False
+        if self.placed:
+            _execute_raw(self.connection, ROLLBACK_SAVEPOINT_SQL)
+        elif not was_armed or transaction_failed(self.connection):
+            # Not armed: opening the savepoint failed, the previous one is
+            # not this event's to return to.
+            raise EventNotUndone("a failed event's writes cannot be undone on their own")
+
+
+def _execute_raw(connection: BaseDatabaseWrapper, sql: str) -> None:
+    """Run a savepoint statement on the driver's connection, past Django's
+    cursor wrapper (and its execute wrappers)."""
+    with connection.wrap_database_errors:
+        psycopg.ClientCursor(connection.connection).execute(sql)
+
+
 def statement(template: str) -> str:
     """``NEXT_SQL`` or ``PROBE_SQL`` with the tables' and columns' names filled in."""
     ops = connections[conf.database_alias()].ops
@@ -155,6 +234,11 @@ def statement(template: str) -> str:
         retry_at=finite_sql("s.retry_at"),
         created_at=finite_sql("e.created_at"),
     )
+
+
+def batch_size(spec: SubscriberSpec) -> int:
+    """Events per transaction for ``spec``: its own batch_size, or the setting."""
+    return spec.batch_size or conf.get("STREAM_BATCH_SIZE")
 
 
 def probe(ids: Iterable[int]) -> list[Probe]:
@@ -189,6 +273,7 @@ def deliver(
         if subscription_id is None:
             return Delivery(GONE)
     batch = None
+    limit = batch_size(spec)
     try:
         with transaction.atomic(using=using):
             if not subscriptions.try_lock(subscription_id):
@@ -196,7 +281,7 @@ def deliver(
             with connections[using].cursor() as cursor:
                 cursor.execute(
                     statement(NEXT_SQL),
-                    {"now": now, "limit": spec.batch_size, "id": subscription_id},
+                    {"now": now, "limit": limit, "id": subscription_id},
                 )
                 rows = cursor.fetchall()
             if not rows:
@@ -212,7 +297,7 @@ def deliver(
             batch = subscriptions.Batch(
                 subscription_id, name, stream, int(xid), position, state, now=now, worker=worker
             )
-            outcome = _run(spec, batch, events, attempts, failing, watch)
+            outcome = _run(spec, batch, events, limit, attempts, failing, watch)
     except subscriptions.Moved:
         logger.warning(
             "Subscription %s: its checkpoint or state changed during the delivery; "
@@ -230,21 +315,25 @@ def _run(
     spec: SubscriberSpec,
     batch: subscriptions.Batch,
     events: list[tuple[Any, ...]],
+    limit: int,
     attempts: int,
     failing: int | None,
     watch: Watch | None = None,
 ) -> Delivery:
     connection = connections[conf.database_alias()]
-    deadline, more = time.monotonic() + BATCH_SECONDS, len(events) >= spec.batch_size
-    for row in events:
-        if batch.done and time.monotonic() > deadline:
-            more = True  # the rest in the next batch
-            break
-        event, problem = _event(spec, row, attempts + 1 if row[0] == failing else 1)
-        tracer = tracing.tracer()
-        span = None if tracer is None else _start_span(tracer, spec, event)
-        try:
-            with transaction.atomic(using=conf.database_alias()):  # this event's savepoint
+    deadline, more = time.monotonic() + BATCH_SECONDS, len(events) >= limit
+    savepoint = EventSavepoint(connection)
+    with connection.execute_wrapper(savepoint):
+        for row in events:
+            if batch.done and (savepoint.opened >= BATCH_SAVEPOINTS or time.monotonic() > deadline):
+                more = True  # the rest in the next batch
+                break
+            event, problem = _event(spec, row, attempts + 1 if row[0] == failing else 1)
+            tracer = tracing.tracer()
+            span = None if tracer is None else _start_span(tracer, spec, event)
+            callbacks = len(connection.run_on_commit)
+            savepoint.arm()
+            try:
                 if problem:
                     raise Permanent(problem)
                 with watch(event) if watch is not None else contextlib.nullcontext():
@@ -258,14 +347,20 @@ def _run(
                         "the subscriber caught a database error and returned: its transaction "
                         "cannot commit (wrap queries that may fail in transaction.atomic())"
                     )
-        except Exception as exc:  # noqa: BLE001  any failure is recorded
-            delivery = _failed(spec, batch, event, exc, span)
+                savepoint.disarm()
+            except Exception as exc:  # noqa: BLE001  any failure is recorded
+                # Undo this event alone: its writes and its on_commit callbacks.
+                # (If that cannot be done, this raises: the batch rolls back.)
+                savepoint.rollback()
+                connection.needs_rollback = False
+                del connection.run_on_commit[callbacks:]
+                delivery = _failed(spec, batch, event, exc, span)
+                if span is not None:
+                    tracing.end(span, delivery.outcome)
+                return delivery
             if span is not None:
-                tracing.end(span, delivery.outcome)
-            return delivery
-        if span is not None:
-            tracing.end(span, DELIVERED)
-        batch.passed(event.xid, event.position)
+                tracing.end(span, DELIVERED)
+            batch.passed(event.xid, event.position)
     subscriptions.advance(batch)
     logger.info(
         "Subscription %s: %s event(s) of stream %s delivered, up to position %s",

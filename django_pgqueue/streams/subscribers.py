@@ -18,6 +18,7 @@ from typing import Any
 from django.utils.module_loading import autodiscover_modules
 
 from django_pgqueue import conf
+from django_pgqueue.conf.defaults import STREAM_BATCH_SIZE_MAX
 from django_pgqueue.exceptions import DuplicateSubscriber
 from django_pgqueue.models.streams import STREAM_NAME_MAX_LENGTH, SUBSCRIPTION_NAME_MAX_LENGTH
 from django_pgqueue.registry import F, Specs, seconds_option
@@ -27,11 +28,8 @@ ON_FAILURE = (BLOCK, DEAD_LETTER)
 BEGINNING, END = "beginning", "end"
 STARTS = (BEGINNING, END)
 
-# Events per delivery transaction, each in a savepoint of its own. Past 64
-# savepoints that write in one transaction PostgreSQL's snapshots overflow
-# to pg_subtrans, which slows every session.
-BATCH_SIZE = 50
-BATCH_SIZE_MAX = 60
+# batch_size: events per delivery transaction (None: PGQUEUE["STREAM_BATCH_SIZE"]).
+BATCH_SIZE_MAX = STREAM_BATCH_SIZE_MAX
 
 
 @dataclass(frozen=True)
@@ -45,7 +43,7 @@ class SubscriberSpec:
     backoff_jitter: bool | None
     on_failure: str
     start: str
-    batch_size: int
+    batch_size: int | None  # None: PGQUEUE["STREAM_BATCH_SIZE"]
     is_async: bool
     location: str
 
@@ -64,7 +62,7 @@ def subscriber(
     backoff_jitter: bool | None = None,
     on_failure: str = BLOCK,
     start: str = BEGINNING,
-    batch_size: int = BATCH_SIZE,
+    batch_size: int | None = None,
 ) -> Callable[[F], F]:
     """Register the decorated function as the subscription ``name`` of ``stream``.
 
@@ -80,7 +78,7 @@ def subscriber(
     dead letters and the subscription moves on. ``start``: where a new
     subscription begins, at the oldest stored event (``"beginning"``) or
     after the events published so far (``"end"``). ``batch_size``: events
-    per transaction. ``async def`` functions are accepted.
+    per transaction (default PGQUEUE["STREAM_BATCH_SIZE"]). ``async def`` functions are accepted.
     """
     where = f"@subscriber({stream!r}, name={name!r})"
     problem = conf.name_problem("stream", stream, STREAM_NAME_MAX_LENGTH)
@@ -101,8 +99,11 @@ def subscriber(
         )
     if start not in STARTS:
         raise ValueError(f"{where}: start must be 'beginning' or 'end', not {start!r}")
-    if not (conf.is_int(batch_size) and 1 <= batch_size <= BATCH_SIZE_MAX):
-        raise ValueError(f"{where}: batch_size must be a whole number from 1 to {BATCH_SIZE_MAX}")
+    good_size = conf.is_int(batch_size) and 1 <= batch_size <= BATCH_SIZE_MAX
+    if batch_size is not None and not good_size:
+        raise ValueError(
+            f"{where}: batch_size must be a whole number from 1 to {BATCH_SIZE_MAX:,}, or None"
+        )
     return _subscribers.decorator(
         where,
         functools.partial(

@@ -6,8 +6,9 @@ Threads (both daemons, both started and stopped by ``worker.Worker``):
 
 - ``pgqueue-streams`` creates the served subscriptions' rows, then goes
   round: one probe query tells which subscriptions have deliverable events;
-  each of those gets one batch (``delivery.deliver``, one
-  transaction), then the next round starts. With nothing to do it waits for
+  each of those gets one batch (``delivery.deliver``, one transaction), and
+  the next ones at once while each was full, for up to a second, then the
+  next round starts. With nothing to do it waits for
   a wake-up, the poll interval, a retrying subscription's next try, or a
   short, growing delay while committed events wait for an older transaction
   to end (the snapshot's xmin holds them back; no notification says when
@@ -259,10 +260,7 @@ class StreamWorker:
             if self._stop.is_set():
                 return 0
             if found.due:
-                result = delivery.deliver(
-                    by_id[found.id], found.id, self.worker_id, watch=self._watch
-                )
-                self.delivered += result.delivered
+                result = self._deliver(by_id[found.id], found.id)
                 worked = worked or result.outcome in _WORKED
                 if result.outcome == delivery.GONE:
                     self._ids = None  # deleted meanwhile: created again next round
@@ -277,6 +275,18 @@ class StreamWorker:
         else:
             self._held_delay = HELD_DELAY
         return max(wait, 0.0)
+
+    def _deliver(self, spec: SubscriberSpec, subscription_id: int) -> delivery.Delivery:
+        """Batches to one subscription, the next at once (no probe first)
+        while the last was full, for up to delivery.BATCH_SECONDS: then the
+        round goes on to the other subscriptions. Returns the last batch's
+        Delivery."""
+        until = time.monotonic() + delivery.BATCH_SECONDS
+        while True:
+            result = delivery.deliver(spec, subscription_id, self.worker_id, watch=self._watch)
+            self.delivered += result.delivered
+            if not result.more or self._stop.is_set() or time.monotonic() >= until:
+                return result
 
     # --- wake-ups -------------------------------------------------------------
 

@@ -4,6 +4,7 @@ processes; each writes a ledger row (demo.Handled: message_id is the
 event's position, topic the subscription's name) in the delivery's
 transaction, so the ledger shows exactly-once delivery and its order."""
 
+import atexit
 import os
 import sys
 import time
@@ -66,3 +67,27 @@ def test_blocking(event):
 )
 def test_dead_lettering(event):
     act(event)
+
+
+# --- for benchmarks/streams.py -------------------------------------------------
+# With PGQUEUE_BENCH_STREAM_LOG set, the positions delivered are kept in a
+# list (an append per event) and written to that file, one a line, when the
+# process exits: the benchmark checks that every event came once, in order.
+BENCH_STREAM_LOG = os.environ.get("PGQUEUE_BENCH_STREAM_LOG")
+bench_stream_seen: list[int] = []
+
+
+@subscriber("bench.stream", name="bench.stream_noop")
+def bench_stream_noop(event):
+    """Does nothing with the event (beyond noting its position for the check)."""
+    if BENCH_STREAM_LOG:
+        bench_stream_seen.append(event.position)
+
+
+def _write_bench_stream_log():
+    with open(BENCH_STREAM_LOG, "w") as log:
+        log.write("".join(f"{position}\n" for position in bench_stream_seen))
+
+
+if BENCH_STREAM_LOG:
+    atexit.register(_write_bench_stream_log)
