@@ -399,7 +399,7 @@ def test_atomic_handlers_share_a_commit_and_a_failure_rolls_back_only_its_own_wo
 ):
     messages = enqueue_many([{"payload": {}}] * 9, topic="test.batch")
     failing = enqueue("test.batch", {"do": "fail"})
-    with running_worker(concurrency=1, batch_size=20, poll_interval=0.1):
+    with running_worker(concurrency=1, batch_size=20, prefetch=20, poll_interval=0.1):
         wait_until(lambda: not Message.objects.exists(), message="every message, one retried")
     assert not DeadLetter.objects.exists()
     rows = list(Handled.objects.values_list("message_id", "attempt"))
@@ -419,7 +419,7 @@ def test_handlers_that_run_no_query_share_the_batch_and_fail_alone(
     early = enqueue("test.batch", {"do": "fail_early"})
     late = enqueue("test.batch", {"do": "fail"})
     more = enqueue_many([{"payload": {}}, {"payload": {"do": "nodb"}}], topic="test.batch")
-    with running_worker(concurrency=1, batch_size=20, poll_interval=0.1):
+    with running_worker(concurrency=1, batch_size=20, prefetch=20, poll_interval=0.1):
         wait_until(lambda: not Message.objects.exists(), message="every message, two retried")
     assert not DeadLetter.objects.exists()
     writers = [*plain, more[0]]
@@ -439,7 +439,7 @@ def test_a_transaction_broken_around_django_rolls_the_batch_back_and_loses_nothi
     before = enqueue_many([{"payload": {}}] * 3, topic="test.batch")
     broken = enqueue("test.batch", {"do": action})
     after = enqueue_many([{"payload": {}}, {"payload": {"do": "nodb"}}], topic="test.batch")
-    with running_worker(concurrency=1, batch_size=20, poll_interval=0.1):
+    with running_worker(concurrency=1, batch_size=20, prefetch=20, poll_interval=0.1):
         wait_until(lambda: not Message.objects.exists(), message="every message, one retried")
     assert not DeadLetter.objects.exists()
     writers = [*before, after[0], broken]
@@ -454,7 +454,7 @@ def test_an_async_handler_in_a_shared_transaction_rolls_back_alone():
     messages = enqueue_many([{"payload": {}}] * 3, topic="test.async_batch")
     failing = enqueue("test.async_batch", {"fail": True})
     later = enqueue_many([{"payload": {}}] * 3, topic="test.async_batch")
-    with running_worker(concurrency=1, batch_size=20, poll_interval=0.1):
+    with running_worker(concurrency=1, batch_size=20, prefetch=20, poll_interval=0.1):
         wait_until(lambda: not Message.objects.exists(), message="every message, one retried")
     rows = sorted(Handled.objects.values_list("message_id", "attempt"))
     assert rows == sorted([(m.pk, 1) for m in messages + later] + [(failing.pk, 2)])
@@ -464,7 +464,7 @@ def test_a_handler_that_breaks_the_transaction_and_swallows_the_error_fails_alon
     messages = enqueue_many([{"payload": {}}] * 4, topic="test.batch")
     broken = enqueue("test.batch", {"do": "swallow"})
     later = enqueue_many([{"payload": {}}] * 4, topic="test.batch")
-    with running_worker(concurrency=1, batch_size=20, poll_interval=0.1):
+    with running_worker(concurrency=1, batch_size=20, prefetch=20, poll_interval=0.1):
         wait_until(lambda: not Message.objects.exists(), message="every message, one retried")
     counts = handled_ids()
     assert set(counts.values()) == {1}
@@ -488,7 +488,7 @@ def test_a_lost_lease_rolls_the_batch_back_and_the_others_run_again_alone(commit
 def test_a_timed_out_handler_does_not_hold_the_batch_it_shares_hostage():
     done_first = enqueue_many([{"payload": {}}] * 2, topic="test.batch_timeout")
     sleeper = enqueue("test.batch_timeout", {"sleep": 5})
-    with running_worker(concurrency=1, batch_size=20, poll_interval=0.1):
+    with running_worker(concurrency=1, batch_size=20, prefetch=20, poll_interval=0.1):
         wait_until(
             lambda: len(handled_ids()) == 3 and not Message.objects.exists(),
             timeout=15,
