@@ -104,9 +104,9 @@ def statement_log(transactional_db):
             """CREATE FUNCTION test_limits_seen() RETURNS trigger LANGUAGE plpgsql AS $$
             BEGIN
                 INSERT INTO test_limits_seen VALUES (
-                    CASE WHEN current_query() LIKE '%AS m SET%' THEN 'claim'
-                         WHEN TG_OP = 'DELETE' AND current_query() LIKE '%SKIP LOCKED%'
+                    CASE WHEN TG_OP = 'DELETE' AND current_query() LIKE '%SKIP LOCKED%'
                              THEN 'ack, skip locked'
+                         WHEN current_query() LIKE '%AS m SET%' THEN 'claim'
                          ELSE TG_OP END,
                     current_setting('lock_timeout'), current_setting('statement_timeout'));
                 RETURN NULL;
