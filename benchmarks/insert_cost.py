@@ -19,12 +19,16 @@ one-row INSERT, each in its own (autocommit) transaction, into
 - ``ours, enqueue()'s INSERT``: the statement ``enqueue()`` sends (every
   column bound, ``RETURNING`` the id and timestamps), where the others send
   a two-column INSERT;
+- ``enqueue()``: the public call itself, on Django's connection (its
+  checks, its cursor, the returned ``Message``): against ``raw``, the whole
+  difference a one-message-per-transaction caller sees;
 
 in turns (``--rounds`` times each, ``--n`` inserts per turn; the median
 counts), with psycopg's prepared statements, and the WAL each writes per
-insert and the CPU time its server process spent per insert (from
-``/proc/<pid>/stat``; shown when the server runs on this machine): unlike
-the wall time, that does not wait for the WAL flush, whose latency drifts.
+insert, the CPU time its server process spent per insert (from
+``/proc/<pid>/stat``; shown when the server runs on this machine) and this
+client's (``time.process_time``): unlike the wall time, those do not wait
+for the WAL flush, whose latency drifts.
 The inserts must commit to be measured, and the variants change the table
 for their turn, so it runs on a database of its own, ``--database``
 (default ``postgres://postgres@127.0.0.1:5432/pgqueue_bench_insert``,
@@ -127,30 +131,58 @@ def variants(conn, database):
             [table + ", ".join(f"ADD CONSTRAINT {name} {text}" for name, text in checks)],
         ),
         "ours, enqueue()'s INSERT": (enqueue_insert(database), [], []),
+        "enqueue()": (None, [], []),
     }
 
 
-def turn(conn, insert, n, backend_cpu):
-    """(wall us, server CPU us or None, WAL bytes), per insert."""
+def turn(conn, insert, n, backend_cpu, synchronous_commit):
+    """(wall us, server CPU us or None, WAL bytes, client CPU us), per insert.
+    ``insert`` None: enqueue() on Django's connection (set up by
+    enqueue_insert), in autocommit."""
     conn.execute("TRUNCATE django_pgqueue_message, raw_jobs")
     start_lsn = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
-    sql, params = insert
-    cpu = backend_cpu()
+    if insert is None:
+        from django.db import connection
+
+        from django_pgqueue import enqueue
+
+        with connection.cursor() as cursor:
+            cursor.execute(f"SET synchronous_commit = {synchronous_commit}")
+            cursor.execute("SELECT pg_backend_pid()")
+            pid = cursor.fetchone()[0]
+        enqueue("bench.noop", {"n": -1})  # the kept cursor, made before the turn
+        server_cpu = backend_cpu_reader(conn, pid)
+
+        def run():
+            for i in range(n):
+                enqueue("bench.noop", {"n": i})
+    else:
+        sql, params = insert
+        server_cpu = backend_cpu
+
+        def run():
+            for i in range(n):
+                conn.execute(sql, params(i), prepare=True)
+
+    cpu, client = server_cpu(), time.process_time()
     started = time.perf_counter()
-    for i in range(n):
-        conn.execute(sql, params(i), prepare=True)
+    run()
     seconds = time.perf_counter() - started
-    cpu = None if cpu is None else backend_cpu() - cpu
+    client = time.process_time() - client
+    cpu = None if cpu is None else server_cpu() - cpu
     wal = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s)", [start_lsn]).fetchone()[
         0
     ]
-    return seconds / n * 1e6, None if cpu is None else cpu / n * 1e6, float(wal) / n
+    per = 1e6 / n
+    return seconds * per, None if cpu is None else cpu * per, float(wal) / n, client * per
 
 
-def backend_cpu_reader(conn):
-    """A function returning the CPU seconds of ``conn``'s server process, or
-    one returning None when that process is not on this machine."""
-    pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+def backend_cpu_reader(conn, pid=None):
+    """A function returning the CPU seconds of ``conn``'s server process (or
+    of the server process ``pid`` of the same server), or one returning
+    None when that process is not on this machine."""
+    if pid is None:
+        pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
     host = conn.info.host
     if host not in ("127.0.0.1", "localhost", "::1") and not host.startswith("/"):
         return lambda: None
@@ -179,30 +211,35 @@ def main(argv=None):
         backend_cpu = backend_cpu_reader(conn)
         times = {name: [] for name in cases}
         cpus = {name: [] for name in cases}
+        clients = {name: [] for name in cases}
         wal = {}
         for _ in range(args.rounds):
             for name, (insert, setup, teardown) in cases.items():
                 for statement in setup:
                     conn.execute(statement)
                 try:
-                    micros, cpu, wal[name] = turn(conn, insert, args.n, backend_cpu)
+                    micros, cpu, wal[name], client = turn(
+                        conn, insert, args.n, backend_cpu, args.synchronous_commit
+                    )
                 finally:
                     for statement in teardown:
                         conn.execute(statement)
                 times[name].append(micros)
                 if cpu is not None:
                     cpus[name].append(cpu)
+                clients[name].append(client)
         conn.execute("TRUNCATE django_pgqueue_message, raw_jobs")
     print(
         f"{args.n:,} one-row INSERTs per turn, {args.rounds} turns each in rotation,"
         f" synchronous_commit={args.synchronous_commit}; per insert: the median wall time"
-        " (all turns), the server process's median CPU time, the WAL"
+        " (all turns), the server process's median CPU time, the WAL, this client's median CPU"
     )
     for name, values in times.items():
         turns = " ".join(f"{v:.0f}" for v in values)
         cpu = f"cpu {statistics.median(cpus[name]):5.0f} us" if cpus[name] else "cpu     -"
         print(
-            f"  {name:36} {statistics.median(values):6.0f} us  {cpu}  {wal[name]:4.0f} B  ({turns})"
+            f"  {name:36} {statistics.median(values):6.0f} us  {cpu}  {wal[name]:4.0f} B"
+            f"  client {statistics.median(clients[name]):4.0f} us  ({turns})"
         )
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import datetime
 import itertools
-import json
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Unpack
 
@@ -34,8 +33,10 @@ from django_pgqueue.validation import (
     Options,
     Row,
     check_using,
-    validate,
+    payloads_json,
+    rows_json,
     validate_many,
+    validate_one,
 )
 
 if TYPE_CHECKING:
@@ -131,25 +132,37 @@ def enqueue(
     until then). ``using`` is the alias of the caller's transaction
     (default: ``"default"``).
     """
-    fields = MessageFields(
-        topic=topic,
-        payload=payload,
-        delay=delay,
-        run_at=run_at,
-        priority=priority,
-        queue=queue,
-        dedup_key=dedup_key,
-        group_key=group_key,
-        headers=headers,
-        max_attempts=max_attempts,
-    )
     tracer = tracing.tracer()
     if tracer is None:
-        return _enqueue_rows([validate(fields)], using)[0]
+        row = validate_one(
+            topic,
+            payload,
+            delay,
+            run_at,
+            priority,
+            queue,
+            dedup_key,
+            group_key,
+            headers,
+            max_attempts,
+        )
+        return _enqueue_one(row, using)
     destination = queue or conf.get("DEFAULT_QUEUE")
     with tracing.producing(tracer, destination, topic) as (span, carrier):
-        fields["headers"] = tracing.with_context(headers, carrier)
-        message = _enqueue_rows([validate(fields)], using)[0]
+        headers = tracing.with_context(headers, carrier)
+        row = validate_one(
+            topic,
+            payload,
+            delay,
+            run_at,
+            priority,
+            queue,
+            dedup_key,
+            group_key,
+            headers,
+            max_attempts,
+        )
+        message = _enqueue_one(row, using)
         tracing.sent(span, message.pk)
         return message
 
@@ -223,6 +236,39 @@ def _enqueue_rows(rows: list[Row], using: str | None) -> list[Message]:
         # caller's transaction, so it waits for that transaction's commit.
         transaction.on_commit(lambda: _insert(messages, rows, queue_alias), using=caller)
     return messages
+
+
+def _enqueue_one(row: Row, using: str | None) -> Message:
+    """enqueue()'s message. On the queue's own database, _insert's short way
+    for one row: the prepared INSERT on the kept cursor, and a look-up only
+    if a dedup conflict returned no row. One-message-per-transaction callers
+    pay for every Python call here (benchmarks/instructions.py)."""
+    caller, queue_alias = _aliases(using)
+    if caller != queue_alias:
+        return _enqueue_rows([row], using)[0]
+    message = _unsaved(row)
+    connection = connections[queue_alias]
+    cursor = prepared_cursor(connection)
+    cursor.execute(_one_sql(connection, row.options.dedup_key is not None), _insert_values(row))
+    returned = cursor.fetchone()
+    if returned is None:  # an unfinished message holds the dedup_key
+        _insert([message], [row], queue_alias, first_skipped=[0])
+    else:
+        _saved(message, returned[0], returned[-2], returned[-1], queue_alias)
+        connection.on_commit(lambda: _send_enqueued([message], queue_alias))
+    return message
+
+
+_ONE_SQL: dict[bool, str] = {}  # dedup: INSERT_ONE(_NO_DEDUP)_SQL for the table
+
+
+def _one_sql(connection: BaseDatabaseWrapper, dedup: bool) -> str:
+    sql = _ONE_SQL.get(dedup)
+    if sql is None:
+        table = connection.ops.quote_name(Message._meta.db_table)
+        sql = (INSERT_ONE_SQL if dedup else INSERT_ONE_NO_DEDUP_SQL).format(table=table)
+        _ONE_SQL[dedup] = sql
+    return sql
 
 
 def _insert_stream(rows: Iterator[Row], alias: str) -> list[Message]:
@@ -315,17 +361,17 @@ def _send_insert(
     cursor: CursorWrapper
     if len(rows) == 1:
         # The statement one-message-per-transaction callers repeat: prepared.
-        sql = (INSERT_ONE_SQL if dedup else INSERT_ONE_NO_DEDUP_SQL).format(table=table)
+        sql = _one_sql(connection, dedup)
         params = _insert_values(rows[0])
         cursor = prepared_cursor(connection)
     else:
         shared = rows[0].options
         if all(row.options is shared for row in rows):
             sql = (INSERT_SHARED_SQL if dedup else INSERT_SHARED_NO_DEDUP_SQL).format(table=table)
-            params = [*_option_values(shared), _payloads(rows)]
+            params = [*_option_values(shared), payloads_json(rows)]
         else:
             sql = (INSERT_SQL if dedup else INSERT_NO_DEDUP_SQL).format(table=table)
-            params = [_document(rows)]
+            params = [rows_json(rows)]
         cursor = connection.cursor()
     cursor.execute(sql, params)
     return cursor, dedup
@@ -346,42 +392,6 @@ def _option_values(o: Options) -> list[Any]:
         *(o.queue, o.topic, o.headers_json, o.priority, o.run_at, o.delay_seconds),
         *(o.max_attempts, o.dedup_key, o.group_key),
     ]
-
-
-def _payloads(rows: Iterable[Row]) -> str:
-    """The rows' payloads as one JSON array (each is JSON text already)."""
-    return "[" + ",".join([row.payload_json for row in rows]) + "]"
-
-
-def _document(rows: Iterable[Row]) -> str:
-    """The rows as INSERT_SQL reads them: a JSON array of arrays in its
-    column order. What surrounds the payload is the same for every row of
-    one Options (the usual enqueue_many), so it is written once for them."""
-    parts = []
-    options = None
-    head = tail = ""
-    for row in rows:
-        if row.options is not options:
-            options = row.options
-            head, tail = _around_payload(options)
-        parts.append(f"{head}{row.payload_json}{tail}")
-    return "[" + ",".join(parts) + "]"
-
-
-def _around_payload(o: Options) -> tuple[str, str]:
-    """The JSON of a row before and after its payload. Queue and topic names
-    are limited to a plain alphabet (conf.NAME_RE), so they need no
-    escaping; the headers are JSON already."""
-    run_at = None if o.run_at is None else o.run_at.isoformat()
-    return f'["{o.queue}","{o.topic}",', (
-        f",{o.headers_json},{o.priority},{_json_or_null(run_at)},{o.delay_seconds!r},"
-        f"{_json_or_null(o.max_attempts)},{_json_or_null(o.dedup_key)},"
-        f"{_json_or_null(o.group_key)}]"
-    )
-
-
-def _json_or_null(value: object) -> str:
-    return "null" if value is None else json.dumps(value)
 
 
 def _match_returned(

@@ -12,6 +12,7 @@ they share once, then only each message's payload.
 from __future__ import annotations
 
 import datetime
+import json
 import math
 import re
 from collections.abc import Iterable, Iterator, Mapping
@@ -83,30 +84,70 @@ class Row:
 def validate(fields: Mapping[str, Any]) -> Row:
     """Check one message's fields (``MessageFields``; ``topic`` is required);
     return its ``Row`` or raise ``InvalidMessage``."""
-    topic = check_name("topic", fields["topic"], conf.TOPIC_MAX_LENGTH)
-    queue = fields.get("queue")
+    get = fields.get
+    return validate_one(
+        fields["topic"],
+        get("payload"),
+        get("delay"),
+        get("run_at"),
+        get("priority", 0),
+        get("queue"),
+        get("dedup_key"),
+        get("group_key"),
+        get("headers"),
+        get("max_attempts"),
+    )
+
+
+def validate_one(
+    topic: str,
+    payload: Any,
+    delay: float | datetime.timedelta | None,
+    run_at: datetime.datetime | None,
+    priority: int,
+    queue: str | None,
+    dedup_key: str | None,
+    group_key: str | None,
+    headers: dict[str, Any] | None,
+    max_attempts: int | None,
+) -> Row:
+    """``validate`` for ``enqueue()``'s keywords as they were given, in
+    ``MessageFields``' order. The common values (names seen before, no
+    delay, keys or headers, priority 0) are checked inline, the rest by the
+    checks below: ``enqueue()`` one message per transaction pays for every
+    Python call here (``benchmarks/instructions.py``). The types are what
+    the caller should give; anything else is refused here."""
+    if type(topic) is not str or ("topic", topic) not in _GOOD_NAMES:
+        check_name("topic", topic, conf.TOPIC_MAX_LENGTH)
     if queue is None:
         queue = conf.get("DEFAULT_QUEUE")
-    queue = check_name("queue", queue, conf.QUEUE_MAX_LENGTH)
-    payload = fields.get("payload")
+    if type(queue) is not str or ("queue", queue) not in _GOOD_NAMES:
+        queue = check_name("queue", queue, conf.QUEUE_MAX_LENGTH)
     payload_json = to_json("payload", payload)
-    headers, headers_json = check_headers(fields.get("headers"))
-    priority = _priority(fields.get("priority", 0))
-    delay, run_at = fields.get("delay"), fields.get("run_at")
-    if delay is not None and run_at is not None:
+    if headers is None:  # nearly always
+        headers, headers_json = {}, "{}"
+    else:
+        headers, headers_json = check_headers(headers)
+    if type(priority) is not int or not conf.PRIORITY_MIN <= priority <= conf.PRIORITY_MAX:
+        priority = _priority(priority)
+    if delay is None:
+        delay_seconds = 0.0
+        if run_at is not None:
+            run_at = _run_at(run_at)
+    elif run_at is not None:
         raise InvalidMessage("give delay or run_at, not both")
-    delay_seconds = _delay_seconds(delay)
+    else:
+        delay_seconds = _delay_seconds(delay)
+    if max_attempts is not None:
+        max_attempts = _max_attempts(max_attempts)
+    if dedup_key is not None:
+        dedup_key = check_key("dedup_key", dedup_key)
+    if group_key is not None:
+        group_key = check_key("group_key", group_key)
     options = Options(  # positional: the dataclass's __init__ takes them faster
-        queue,
-        topic,
-        headers_json,
-        priority,
-        None if run_at is None else _run_at(run_at),
-        delay_seconds,
-        _max_attempts(fields.get("max_attempts")),
-        check_key("dedup_key", fields.get("dedup_key")),
-        check_key("group_key", fields.get("group_key")),
-    )
+        queue, topic, headers_json, priority, run_at, delay_seconds, max_attempts, dedup_key,
+        group_key,
+    )  # fmt: skip
     return Row(payload, payload_json, headers, options)
 
 
@@ -218,6 +259,28 @@ def check_headers(headers: object) -> tuple[dict[str, Any], str]:
 
 # One encoder for every call (json.dumps(cls=...) would build one per call).
 _ENCODER = DjangoJSONEncoder(allow_nan=False)
+# Its C core, built once: JSONEncoder.encode builds one on every call, a
+# good share of a small payload's encoding. Without the memo of the
+# containers being encoded (markers None, which also makes it safe to share
+# between threads), a circular payload recurses until RecursionError, which
+# to_json then hands to _ENCODER to be named. None where the C module is
+# missing (another Python implementation): _ENCODER.encode then.
+_make_c_encoder = getattr(json.encoder, "c_make_encoder", None)
+_C_ENCODE = (
+    None
+    if _make_c_encoder is None
+    else _make_c_encoder(
+        None,  # markers
+        _ENCODER.default,
+        json.encoder.encode_basestring_ascii,
+        None,  # indent
+        _ENCODER.key_separator,
+        _ENCODER.item_separator,
+        False,  # sort_keys
+        False,  # skipkeys
+        False,  # allow_nan
+    )
+)
 
 # jsonb cannot store the NUL character; catch "\u0000" escapes that are not
 # themselves an escaped backslash followed by "u0000".
@@ -230,11 +293,11 @@ def to_json(what: str, value: Any) -> str:
     if value == {} and type(value) is dict:  # headers, nearly always
         return "{}"
     try:
-        text = _ENCODER.encode(value)
+        text = _ENCODER.encode(value) if _C_ENCODE is None else "".join(_C_ENCODE(value, 0))
     except (TypeError, ValueError) as exc:
         raise InvalidMessage(f"{what} is not JSON-serializable: {exc}") from None
     except RecursionError:
-        raise InvalidMessage(f"{what} is nested too deeply to serialize") from None
+        raise InvalidMessage(f"{what} {_too_deep(value)}") from None
     if "\\u0000" in text and _JSON_NUL.search(text):
         raise InvalidMessage(
             f"{what} contains a NUL character (\\u0000), which PostgreSQL cannot store"
@@ -243,6 +306,18 @@ def to_json(what: str, value: Any) -> str:
     if problem:
         raise InvalidMessage(f"{what} {problem}")
     return text
+
+
+def _too_deep(value: Any) -> str:
+    """Why encoding ``value`` recursed too deeply: a circular reference (the
+    encoder with its memo says so) or nesting."""
+    try:
+        _ENCODER.encode(value)
+    except ValueError as exc:
+        return f"is not JSON-serializable: {exc}"
+    except RecursionError:
+        pass
+    return "is nested too deeply to serialize"
 
 
 def _content_problem(value: Any, surrogates: bool) -> str | None:
@@ -351,3 +426,43 @@ def _delay_seconds(delay: object) -> float:
             f"not {delay!r}"
         )
     return seconds
+
+
+# The JSON documents enqueue_many's INSERTs read (enqueuing.py); a Row's
+# values go in as they were validated, as text already JSON where they can.
+
+
+def payloads_json(rows: Iterable[Row]) -> str:
+    """The rows' payloads as one JSON array (each is JSON text already)."""
+    return "[" + ",".join([row.payload_json for row in rows]) + "]"
+
+
+def rows_json(rows: Iterable[Row]) -> str:
+    """The rows as enqueuing.INSERT_SQL reads them: a JSON array of arrays
+    in its column order. What surrounds the payload is the same for every row of
+    one Options (the usual enqueue_many), so it is written once for them."""
+    parts = []
+    options = None
+    head = tail = ""
+    for row in rows:
+        if row.options is not options:
+            options = row.options
+            head, tail = _around_payload(options)
+        parts.append(f"{head}{row.payload_json}{tail}")
+    return "[" + ",".join(parts) + "]"
+
+
+def _around_payload(o: Options) -> tuple[str, str]:
+    """The JSON of a row before and after its payload. Queue and topic names
+    are limited to a plain alphabet (conf.NAME_RE), so they need no
+    escaping; the headers are JSON already."""
+    run_at = None if o.run_at is None else o.run_at.isoformat()
+    return f'["{o.queue}","{o.topic}",', (
+        f",{o.headers_json},{o.priority},{_json_or_null(run_at)},{o.delay_seconds!r},"
+        f"{_json_or_null(o.max_attempts)},{_json_or_null(o.dedup_key)},"
+        f"{_json_or_null(o.group_key)}]"
+    )
+
+
+def _json_or_null(value: object) -> str:
+    return "null" if value is None else json.dumps(value)

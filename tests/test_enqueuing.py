@@ -654,3 +654,87 @@ def test_the_returned_messages_carry_the_stored_timestamps():
     assert scheduled.run_at == at
     # run_at counts from the transaction's start, created_at is the statement's time.
     assert 90 < (delayed.run_at - delayed.created_at).total_seconds() <= 90.5
+
+
+# --- enqueue()'s short way (validation inline, one statement) ------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        ({"topic": ["not", "hashable"]}, "topic must be a string"),
+        ({"topic": "t", "queue": {"not": "hashable"}}, "queue must be a string"),
+        ({"topic": "t", "priority": True}, "priority must be an integer"),
+        ({"topic": "t", "priority": 2**70}, "out of range"),
+        ({"topic": "t", "max_attempts": False}, "max_attempts must be a whole number"),
+        ({"topic": "t", "group_key": ""}, "group_key must be a non-empty string"),
+    ],
+)
+def test_the_inline_checks_refuse_what_the_full_ones_refuse(options, words):
+    """enqueue() checks the common values inline: a value of another type
+    (unhashable, a bool for an int) still gets its sentence, nothing written."""
+    topic = options.pop("topic")
+    with pytest.raises(InvalidMessage, match=words):
+        enqueue(topic, {}, **options)
+    assert not Message.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_circular_payload_is_named_as_such():
+    """The shared C encoder keeps no memo of the containers it is in: a
+    circular payload recurses, and the error still says what it is."""
+    payload: list = []
+    payload.append(payload)
+    with pytest.raises(InvalidMessage, match="Circular reference detected"):
+        enqueue("t", payload)
+    with pytest.raises(InvalidMessage, match="message 1: payload is not JSON-serializable"):
+        enqueue_many([{"payload": 1}, {"payload": {"loop": payload}}], topic="t")
+    assert not Message.objects.exists()
+
+
+@pytest.mark.django_db
+def test_the_payload_is_encoded_as_djangos_encoder_encodes_it():
+    from django.core.serializers.json import DjangoJSONEncoder
+
+    payload = {
+        "when": timezone.now(),
+        "price": __import__("decimal").Decimal("1.10"),
+        "id": uuid.uuid4(),
+        "text": "é☃",
+        "tuple": (1, 2.5, None, True),
+    }
+    message = enqueue("t.encoded", payload)
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            "SELECT payload::text FROM django_pgqueue_message WHERE id = %s", [message.pk]
+        )
+        (stored,) = cursor.fetchone()
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT %s::jsonb::text", [DjangoJSONEncoder().encode(payload)])
+        assert stored == cursor.fetchone()[0]
+
+
+@pytest.mark.django_db
+def test_a_topic_of_a_str_subclass_is_stored_as_its_text():
+    class Name(str):
+        pass
+
+    message = enqueue(Name("t.subclass"), {})
+    assert Message.objects.get(pk=message.pk).topic == "t.subclass"
+
+
+@pytest.mark.django_db
+def test_enqueue_sends_one_statement():
+    """A one-message enqueue on the queue's own database: its INSERT and
+    nothing else (no look-up, no savepoint); a dedup conflict adds the
+    look-up of the message holding the key."""
+    enqueue("t.one", {})
+    with CaptureQueriesContext(connections["default"]) as queries:
+        enqueue("t.one", {"n": 1})
+    assert [q["sql"].split()[0] for q in queries.captured_queries] == ["INSERT"]
+    first = enqueue("t.one", {}, dedup_key="k")
+    with CaptureQueriesContext(connections["default"]) as queries:
+        again = enqueue("t.one", {}, dedup_key="k")
+    assert [q["sql"].split()[0] for q in queries.captured_queries] == ["INSERT", "SELECT"]
+    assert (again.pk, again.created, first.created) == (first.pk, False, True)
