@@ -16,7 +16,9 @@ that returns counts; the callers only schedule rounds:
 - after the round, at most every PRUNE_INTERVAL seconds per process: the
   history, the overview's counts, resolved dead letters and Tasks results
   past their retention (``prune``, in batches of ``retention.BATCH_SIZE``
-  rows, each batch its own transaction under the maintenance lock).
+  rows, each batch its own transaction under the maintenance lock);
+- after the round: a VACUUM of the queue table when its dead rows pile up
+  faster than autovacuum comes by (``vacuum.vacuum_if_due``).
 """
 
 from __future__ import annotations
@@ -32,7 +34,17 @@ from django.db import connections
 from django.db.models import F, Q
 from django.db.models.functions import Now
 
-from django_pgqueue import conf, lifecycle, policy, registry, retention, sql, sql_history, streams
+from django_pgqueue import (
+    conf,
+    lifecycle,
+    policy,
+    registry,
+    retention,
+    sql,
+    sql_history,
+    streams,
+    vacuum,
+)
 from django_pgqueue.models import Category, Message, QueueStart, Status, WorkerHeartbeat
 
 logger = logging.getLogger(__name__)
@@ -61,6 +73,9 @@ class MaintenanceResult:
     # The prune after the round, when one was due (not compared: when it is
     # due depends on the process's earlier rounds).
     pruned: PruneResult | None = field(default=None, compare=False)
+    # The queue table's VACUUM after the round, when its dead rows called
+    # for one (not compared: it depends on the server's statistics).
+    vacuumed: vacuum.VacuumResult | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -128,6 +143,8 @@ def run_once(
     if time.monotonic() >= _next_prune:
         _next_prune = time.monotonic() + PRUNE_INTERVAL
         pruned_now = prune(now=now)
+    # After the round's transaction: VACUUM cannot run inside one.
+    vacuumed = vacuum.vacuum_if_due()
     return MaintenanceResult(
         rescued=rescue.requeued,
         rescued_dead_lettered=rescue.dead_lettered,
@@ -135,6 +152,7 @@ def run_once(
         events_pruned=events_pruned,
         cancelled_pruned=cancelled_pruned,
         pruned=pruned_now,
+        vacuumed=vacuumed,
     )
 
 

@@ -84,6 +84,7 @@ LAYERS = [
         "duties",
         [
             "django_pgqueue.maintenance",
+            "django_pgqueue.vacuum",  # the queue table's VACUUM when its dead rows pile up
             "django_pgqueue.retention",  # what is past its retention, deleted in batches
             "django_pgqueue.tasks",
             "django_pgqueue.schedules.runs",  # a scheduler round, run now

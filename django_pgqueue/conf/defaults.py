@@ -89,6 +89,14 @@ DEFAULTS: dict[str, Any] = {
     # "cancelled", for the record) before maintenance deletes it. None keeps
     # them.
     "CANCELLED_RETENTION": 7 * 24 * 3600.0,
+    # The maintenance round vacuums the queue table itself (VACUUM
+    # (SKIP_LOCKED), after its transaction) when more than this many of its
+    # rows are dead, and more than it holds live ones: autovacuum comes by at
+    # most once per autovacuum_naptime (a minute by default), and a busy
+    # worker leaves hundreds of thousands of dead rows in a minute. The
+    # workers' database role must own the table (or the database). None:
+    # never, leave it to autovacuum.
+    "VACUUM_DEAD_ROWS": 50_000,
     # Seconds a finished message is kept in the history (the admin's
     # "Finished messages", the queue overview's charts): topic, queue,
     # payload, headers, outcome (done, cancelled, dead-lettered), attempts,

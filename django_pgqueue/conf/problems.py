@@ -242,6 +242,12 @@ def _retention_or_none(value: object) -> Problem:
     return "must be a number of seconds greater than 0, or None (keep them)"
 
 
+def _positive_int_or_none(value: object) -> Problem:
+    if value is None or _positive_int(value) is None:
+        return None
+    return "must be a whole number of at least 1, or None (never vacuum from the worker)"
+
+
 def _keep_finished(value: object) -> Problem:
     if _is_number(value) and 0 <= value < float("inf"):
         return None
@@ -374,6 +380,7 @@ CHECKS: dict[str, Callable[[Any], Problem]] = {
     "STREAM_BATCH_SIZE": _stream_batch_size,
     "SCHEDULES": _schedules,
     "CANCELLED_RETENTION": _retention_or_none,
+    "VACUUM_DEAD_ROWS": _positive_int_or_none,
     "KEEP_FINISHED": _keep_finished,
     "KEEP_RESOLVED_DEAD_LETTERS": _retention_or_none,
     "KEEP_TASK_RESULTS": _retention_or_none,

@@ -18,7 +18,7 @@ import time
 
 from django.db import DatabaseError, connections
 
-from django_pgqueue import liveness, maintenance
+from django_pgqueue import liveness, maintenance, vacuum
 from django_pgqueue.db import drop_broken_connections
 from django_pgqueue.worker.config import Metrics, WorkerConfig
 from django_pgqueue.worker.controls import QueueControls
@@ -100,7 +100,8 @@ class Heartbeat:
                     liveness.heartbeat(self._beat())
                     self.recorded()
                 busy = self._ledger.busy()
-                if self._maintenance_wanted or (busy and time.monotonic() >= next_maintenance):
+                round_due = busy and time.monotonic() >= next_maintenance
+                if self._maintenance_wanted or round_due:
                     self._maintenance_wanted = False
                     self._report(maintenance.run_once())
                     next_maintenance = time.monotonic() + maintenance_every
@@ -109,6 +110,10 @@ class Heartbeat:
                     # The fallback of the control channel's "cancel" (a
                     # NOTIFY is at-most-once; poll-only mode has none).
                     self._controls.cancel(liveness.cancel_requested(self._ledger.leased()))
+                    if not round_due:
+                        # Between rounds too (one statistics query): a busy
+                        # worker leaves that many dead rows in a round's 15 s.
+                        vacuum.vacuum_if_due()
             except DatabaseError as exc:
                 drop_broken_connections()
                 self._metrics.reconnected("heartbeat")

@@ -1,0 +1,136 @@
+"""The worker's own VACUUM of the queue table (django_pgqueue.vacuum), run
+after a maintenance round when the table's dead rows pile up."""
+
+import logging
+import uuid
+
+import pytest
+from django.db import connection, transaction
+from django.test import override_settings
+
+from django_pgqueue import enqueue_many, maintenance, vacuum
+from django_pgqueue.conf.problems import CHECKS
+from django_pgqueue.models import Message
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TABLE = Message._meta.db_table
+
+
+def vacuum_count():
+    """The queue table's manual vacuums so far, as the server counts them."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = %s::regclass", [TABLE]
+        )
+        return cursor.fetchone()[0]
+
+
+def leave_dead_rows(n):
+    """Insert ``n`` messages and delete them: ``n`` dead rows, none live; then
+    flush this backend's statistics so pg_stat_user_tables shows them."""
+    enqueue_many([{"payload": {"n": i}} for i in range(n)], topic="vacuum.test")
+    Message.objects.all().delete()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")  # PostgreSQL 15
+        cursor.execute("SELECT 1")  # the flush happens as the backend goes idle
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_by_an_earlier_vacuum(monkeypatch):
+    monkeypatch.setattr(vacuum, "_left_dead_rows", 0)
+
+
+@override_settings(PGQUEUE={"VACUUM_DEAD_ROWS": 100})
+def test_the_round_vacuums_the_queue_table_when_dead_rows_pile_up(caplog):
+    leave_dead_rows(300)
+    before = vacuum_count()
+    with caplog.at_level(logging.INFO, logger="django_pgqueue.vacuum"):
+        result = maintenance.run_once()
+    assert result is not None and result.vacuumed is not None
+    assert result.vacuumed.dead_rows >= 300
+    assert not result.vacuumed.skipped
+    assert result.vacuumed.dead_rows_after < 300
+    assert vacuum_count() == before + 1
+    assert f"vacuumed {TABLE} (" in caplog.text
+
+
+@override_settings(PGQUEUE={"VACUUM_DEAD_ROWS": 100})
+def test_rows_the_last_vacuum_left_do_not_count(monkeypatch):
+    # A long transaction's snapshot kept them: a vacuum at once would
+    # remove none of them either.
+    leave_dead_rows(300)
+    monkeypatch.setattr(vacuum, "_left_dead_rows", 250)
+    before = vacuum_count()
+    assert vacuum.vacuum_if_due() is None
+    assert vacuum_count() == before
+
+
+@override_settings(PGQUEUE={"VACUUM_DEAD_ROWS": 1000})
+def test_few_dead_rows_are_left_to_autovacuum():
+    leave_dead_rows(300)
+    before = vacuum_count()
+    result = maintenance.run_once()
+    assert result is not None and result.vacuumed is None
+    assert vacuum_count() == before
+
+
+@override_settings(PGQUEUE={"VACUUM_DEAD_ROWS": 100})
+def test_more_live_rows_than_dead_ones_wait():
+    leave_dead_rows(300)
+    enqueue_many([{"payload": {"n": i}} for i in range(400)], topic="vacuum.test")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+        cursor.execute("SELECT 1")
+    assert vacuum.vacuum_if_due() is None
+
+
+@override_settings(PGQUEUE={"VACUUM_DEAD_ROWS": None})
+def test_none_never_vacuums_from_the_worker():
+    leave_dead_rows(300)
+    before = vacuum_count()
+    assert vacuum.vacuum_if_due() is None
+    assert vacuum_count() == before
+
+
+@override_settings(PGQUEUE={"VACUUM_DEAD_ROWS": 100})
+def test_inside_a_transaction_it_does_nothing():
+    leave_dead_rows(300)
+    before = vacuum_count()
+    with transaction.atomic():
+        assert vacuum.vacuum_if_due() is None
+    assert vacuum_count() == before
+
+
+@override_settings(PGQUEUE={"VACUUM_DEAD_ROWS": 100})
+def test_a_role_that_may_not_vacuum_says_so_once(caplog, monkeypatch):
+    monkeypatch.setattr(vacuum, "_warned_permission", False)
+    leave_dead_rows(300)
+    before = vacuum_count()
+    role = f"pgq_vac_{uuid.uuid4().hex[:12]}"  # roles are the whole server's
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE ROLE {role}")
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(f"SET ROLE {role}")
+        with caplog.at_level(logging.INFO, logger="django_pgqueue.vacuum"):
+            assert vacuum.vacuum_if_due() is None
+            assert vacuum.vacuum_if_due() is None
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET ROLE")
+            cursor.execute(f"DROP ROLE {role}")
+    assert vacuum_count() == before
+    warnings = [r for r in caplog.records if r.name == "django_pgqueue.vacuum"]
+    assert [r.levelno for r in warnings] == [logging.WARNING]
+    assert "may not vacuum" in warnings[0].getMessage()
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, "50000", True])
+def test_bad_thresholds_are_refused(value):
+    assert "whole number of at least 1, or None" in CHECKS["VACUUM_DEAD_ROWS"](value)
+
+
+@pytest.mark.parametrize("value", [1, 50_000, None])
+def test_good_thresholds_pass(value):
+    assert CHECKS["VACUUM_DEAD_ROWS"](value) is None
