@@ -16,9 +16,9 @@ from django_pgqueue.observability.metrics import NullMetrics, WorkerMetrics
 Metrics = WorkerMetrics | NullMetrics
 
 # Default --batch-size: the most messages one claim takes (and one batch of
-# acknowledgements). Claims of 100 cost the worker about half the CPU per
-# message of claims of 16 (docs/howto/sizing.rst has the measurements).
-DEFAULT_BATCH_SIZE = 100
+# acknowledgements). benchmarks/worker_options.py: claims of 200 drained no-op
+# messages 1.3x as fast as claims of 100 (docs/howto/sizing.rst).
+DEFAULT_BATCH_SIZE = 200
 # --prefetch auto (the default): hold ahead of the running handlers about
 # what they finish in this many seconds, judged by their recent durations,
 # and at most this many batches. Short handlers get large claims that go

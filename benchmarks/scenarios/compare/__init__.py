@@ -23,7 +23,7 @@ RESULTS = BENCH / "results"
 # and prefetch for short handlers). --subscriptions none: the testproject registers stream
 # subscribers for the test suite; a project without any runs no stream
 # thread, and the peers have no streams.
-DEFAULT_PGQUEUE_WORKER_ARGS = "--concurrency 4 --batch-size 100 --prefetch 200 --subscriptions none"
+DEFAULT_PGQUEUE_WORKER_ARGS = "--concurrency 4 --batch-size 400 --prefetch 800 --subscriptions none"
 
 # django-pgqueue's variants (systems.PgQueue.variants): tuned, with the
 # options above, and the worker with its defaults.

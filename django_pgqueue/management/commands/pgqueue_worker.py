@@ -93,7 +93,7 @@ class Command(BaseCommand):
             type=positive_int,
             default=None,
             help="most messages claimed in one transaction, and run by one handler thread in "
-            "one shared transaction for atomic handlers (default: 100)",
+            "one shared transaction for atomic handlers (default: 200)",
         )
         parser.add_argument(
             "--prefetch",
