@@ -5,6 +5,8 @@ left behind, and the wait before trying again."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from typing import Any
 
 import psycopg
 from django.db import connections
@@ -122,3 +124,72 @@ class Backoff:
         wait = self.delay * random.uniform(0.8, 1.2)
         self.delay = min(self.delay * 2, RECONNECT_DELAY_CAP)
         return wait
+
+
+class LazySavepoint:
+    """An execute wrapper on the queue's connection while a batch of units
+    (atomic handlers, stream events) shares one transaction: just before the
+    running unit's first query it opens the unit's savepoint ``name``
+    (releasing the previous unit's in the same round trip). A unit that
+    runs no query through Django (it calls an API, sends an email, does
+    nothing) costs no round trip, and has nothing to undo.
+
+    Queries sent around Django (the driver's connection, ``callproc``,
+    ``copy``) open no savepoint: a unit must not fail after writing that
+    way. A failure that left the transaction broken with no savepoint to
+    return to raises ``cannot_undo()``: the caller rolls the whole batch
+    back."""
+
+    def __init__(
+        self,
+        connection: BaseDatabaseWrapper,
+        name: str,
+        cannot_undo: Callable[[], BaseException],
+    ) -> None:
+        self.connection = connection
+        self._open_sql = f"SAVEPOINT {name}"
+        self._next_sql = f"RELEASE SAVEPOINT {name}; SAVEPOINT {name}"
+        self._rollback_sql = f"ROLLBACK TO SAVEPOINT {name}"
+        self._cannot_undo = cannot_undo
+        self.armed = False  # a unit is running
+        self.placed = False  # the running unit's savepoint is open
+        self.exists = False  # some savepoint is open in this transaction
+        self.opened = 0  # savepoints opened in this transaction
+
+    def __call__(
+        self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any
+    ) -> Any:
+        if self.armed and not self.placed:
+            self._open()
+        return execute(sql, params, many, context)
+
+    def arm(self) -> None:
+        """A unit starts: its first query opens its savepoint."""
+        self.armed, self.placed = True, False
+
+    def disarm(self) -> None:
+        """The unit succeeded: its savepoint (if any) is released with the next one's."""
+        self.armed = False
+
+    def _open(self) -> None:
+        self.armed = False  # if the savepoint fails, the batch rolls back
+        self._execute_raw(self._next_sql if self.exists else self._open_sql)
+        self.exists = self.placed = self.armed = True
+        self.opened += 1
+
+    def rollback(self) -> None:
+        """Undo the running unit's writes; without its savepoint there is
+        nothing to undo unless the transaction broke (``cannot_undo``)."""
+        was_armed, self.armed = self.armed, False
+        if self.placed:
+            self._execute_raw(self._rollback_sql)
+        elif not was_armed or transaction_failed(self.connection):
+            # Not armed: opening the savepoint failed, the previous one is
+            # not this unit's to return to.
+            raise self._cannot_undo()
+
+    def _execute_raw(self, sql: str) -> None:
+        """The bookkeeping statement on the driver's connection, past
+        Django's cursor wrapper (and its execute wrappers: this one)."""
+        with self.connection.wrap_database_errors:
+            psycopg.ClientCursor(self.connection.connection).execute(sql)

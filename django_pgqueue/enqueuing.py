@@ -132,37 +132,20 @@ def enqueue(
     until then). ``using`` is the alias of the caller's transaction
     (default: ``"default"``).
     """
+
+    def insert(headers: dict[str, Any] | None) -> Message:
+        row = validate_one(
+            topic, payload, delay, run_at, priority, queue, dedup_key, group_key, headers,
+            max_attempts,
+        )  # fmt: skip
+        return _enqueue_one(row, using)
+
     tracer = tracing.tracer()
     if tracer is None:
-        row = validate_one(
-            topic,
-            payload,
-            delay,
-            run_at,
-            priority,
-            queue,
-            dedup_key,
-            group_key,
-            headers,
-            max_attempts,
-        )
-        return _enqueue_one(row, using)
+        return insert(headers)
     destination = queue or conf.get("DEFAULT_QUEUE")
     with tracing.producing(tracer, destination, topic) as (span, carrier):
-        headers = tracing.with_context(headers, carrier)
-        row = validate_one(
-            topic,
-            payload,
-            delay,
-            run_at,
-            priority,
-            queue,
-            dedup_key,
-            group_key,
-            headers,
-            max_attempts,
-        )
-        message = _enqueue_one(row, using)
+        message = insert(tracing.with_context(headers, carrier))
         tracing.sent(span, message.pk)
         return message
 

@@ -61,6 +61,7 @@ def test_unknown_key_suggests_the_close_one():
         ({"QUEUES": ["default", "a b"]}, "may contain only letters"),
         ({"QUEUES": ["a", "a"]}, "names a queue twice"),
         ({"HEARTBEAT_INTERVAL": 0}, "must be a number of seconds greater than 0"),
+        ({"LOG_SUMMARY_INTERVAL": -1}, "must be a number of seconds (0 turns it off)"),
         ({"VACUUM_DEAD_ROWS": 0}, "must be a whole number of at least 1, or None (never vac"),
         ({"METRICS_ACCESS": "public"}, "must be one of 'open', 'staff', 'token'"),
         ({"HEALTH_ACCESS": None}, "must be one of 'open', 'staff', 'token'"),

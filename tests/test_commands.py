@@ -25,7 +25,7 @@ from .conftest import MANAGE, database_url
         (["--concurrency", "many"], "--concurrency: 'many' is not a whole number"),
         (["--batch-size", "-3"], "--batch-size: must be at least 1"),
         (["--prefetch", "-1"], "--prefetch: must be zero or more, not -1"),
-        (["--prefetch", "many"], "--prefetch: 'many' is not a whole number"),
+        (["--prefetch", "many"], r"--prefetch: 'many' is not a whole number \(or 'auto'\)"),
         (["--max-messages", "1.5"], "--max-messages: '1.5' is not a whole number"),
         (["--shutdown-timeout", "-1"], "--shutdown-timeout: must be zero or more seconds"),
         (["--poll-interval", "0"], "--poll-interval: must be more than zero seconds"),
@@ -49,6 +49,15 @@ def test_burst_run_handles_the_ready_messages_of_its_queues_and_exits():
     call_command("pgqueue_worker", "--burst", "--queues", "mail,reports", "--log-level", "ERROR")
     assert list(Handled.objects.values_list("message_id", flat=True)) == [mine.pk]
     assert list(Message.objects.values_list("pk", flat=True)) == [other.pk]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("prefetch", ["auto", "AUTO", "0", "7"])
+def test_prefetch_takes_auto_or_a_number(prefetch):
+    messages = [enqueue("test.record", {}) for _ in range(3)]
+    call_command("pgqueue_worker", "--burst", "--prefetch", prefetch, "--log-level", "ERROR")
+    assert sorted(Handled.objects.values_list("message_id", flat=True)) == [m.pk for m in messages]
+    assert not Message.objects.exists()
 
 
 @pytest.mark.django_db(transaction=True)

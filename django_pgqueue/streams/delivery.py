@@ -26,13 +26,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import psycopg
 from django.db import connections, transaction
-from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
 from django_pgqueue import conf, policy, registry, signals, tracing
-from django_pgqueue.db import transaction_failed
+from django_pgqueue.db import LazySavepoint, transaction_failed
 from django_pgqueue.exceptions import Permanent, Retry, describe
 from django_pgqueue.fields import finite_sql
 from django_pgqueue.models import StreamEvent
@@ -90,11 +88,9 @@ BATCH_SECONDS = 1.0
 # every session.
 BATCH_SAVEPOINTS = 50
 
-# One event's savepoint (EventSavepoint): opened before the subscriber's
+# One event's savepoint (db.LazySavepoint): opened before the subscriber's
 # first query, the previous event's released in the same round trip.
-SAVEPOINT_SQL = "SAVEPOINT pgqueue_event"
-NEXT_SAVEPOINT_SQL = "RELEASE SAVEPOINT pgqueue_event; SAVEPOINT pgqueue_event"
-ROLLBACK_SAVEPOINT_SQL = "ROLLBACK TO SAVEPOINT pgqueue_event"
+SAVEPOINT_NAME = "pgqueue_event"
 
 # Outcomes of deliver().
 DELIVERED, IDLE, BUSY, NOT_DUE, STOPPED, GONE = (
@@ -164,64 +160,8 @@ class EventNotUndone(Exception):
     """A failed event's writes cannot be rolled back alone: the whole batch is."""
 
 
-class EventSavepoint:
-    """An execute wrapper on the queue's connection while a batch is
-    delivered: just before the running subscriber's first query it opens
-    the event's savepoint (releasing the previous event's in the same round
-    trip). A subscriber that runs no query through Django (it calls an API,
-    or does nothing) costs no round trip per event, and has nothing to undo;
-    one that does has every query after its savepoint, as in
-    ``transaction.atomic()``. (The worker's atomic handlers do the same.)
-
-    Queries sent around Django (the driver's connection, ``callproc``,
-    ``copy``) open no savepoint: a subscriber must not fail after writing
-    that way. A failure that left the transaction broken with no savepoint
-    to return to rolls the whole batch back (``EventNotUndone``)."""
-
-    def __init__(self, connection: BaseDatabaseWrapper) -> None:
-        self.connection = connection
-        self.armed = False  # a subscriber is running
-        self.placed = False  # the running event's savepoint is open
-        self.exists = False  # some savepoint is open in this transaction
-        self.opened = 0  # savepoints opened in this transaction
-
-    def __call__(
-        self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any
-    ) -> Any:
-        if self.armed and not self.placed:
-            self._open()
-        return execute(sql, params, many, context)
-
-    def arm(self) -> None:
-        self.armed, self.placed = True, False
-
-    def disarm(self) -> None:
-        self.armed = False
-
-    def _open(self) -> None:
-        self.armed = False  # if the savepoint fails, the batch rolls back
-        _execute_raw(self.connection, NEXT_SAVEPOINT_SQL if self.exists else SAVEPOINT_SQL)
-        self.exists = self.placed = self.armed = True
-        self.opened += 1
-
-    def rollback(self) -> None:
-        """Undo the running event's writes; without its savepoint there is
-        nothing to undo unless the transaction broke (the whole batch then
-        rolls back: EventNotUndone)."""
-        was_armed, self.armed = self.armed, False
-        if self.placed:
-            _execute_raw(self.connection, ROLLBACK_SAVEPOINT_SQL)
-        elif not was_armed or transaction_failed(self.connection):
-            # Not armed: opening the savepoint failed, the previous one is
-            # not this event's to return to.
-            raise EventNotUndone("a failed event's writes cannot be undone on their own")
-
-
-def _execute_raw(connection: BaseDatabaseWrapper, sql: str) -> None:
-    """Run a savepoint statement on the driver's connection, past Django's
-    cursor wrapper (and its execute wrappers)."""
-    with connection.wrap_database_errors:
-        psycopg.ClientCursor(connection.connection).execute(sql)
+def _event_not_undone() -> EventNotUndone:
+    return EventNotUndone("a failed event's writes cannot be undone on their own")
 
 
 def statement(template: str) -> str:
@@ -322,7 +262,7 @@ def _run(
 ) -> Delivery:
     connection = connections[conf.database_alias()]
     deadline, more = time.monotonic() + BATCH_SECONDS, len(events) >= limit
-    savepoint = EventSavepoint(connection)
+    savepoint = LazySavepoint(connection, SAVEPOINT_NAME, _event_not_undone)
     with connection.execute_wrapper(savepoint):
         for row in events:
             if batch.done and (savepoint.opened >= BATCH_SAVEPOINTS or time.monotonic() > deadline):

@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
-import psycopg
 from django.db import DatabaseError, connections, transaction
-from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_pgqueue import conf, lifecycle
 from django_pgqueue.db import (
+    LazySavepoint,
     drop_broken_connections,
     first_line,
     lock_timed_out,
@@ -38,9 +36,6 @@ ATOMIC_BATCH_SECONDS = 0.05
 # writes takes a subtransaction id, and past 64 in one transaction
 # PostgreSQL's snapshots overflow to pg_subtrans, which slows every session.
 ATOMIC_BATCH_MAX = 50
-SAVEPOINT_SQL = "SAVEPOINT pgqueue_job"
-NEXT_SAVEPOINT_SQL = "RELEASE SAVEPOINT pgqueue_job; SAVEPOINT pgqueue_job"
-ROLLBACK_SAVEPOINT_SQL = "ROLLBACK TO SAVEPOINT pgqueue_job"
 
 
 class _BatchRolledBack(Exception):
@@ -59,55 +54,6 @@ class Runner(Protocol):
     def finished(self, job: Job, outcome: str) -> None: ...
 
 
-class HandlerSavepoint:
-    """An execute wrapper on the queue's connection while an atomic batch
-    runs: just before the running handler's first query it opens the
-    handler's savepoint (releasing the previous handler's, in the same round
-    trip). A handler that runs no query through Django (it calls an API,
-    sends an email) costs no round trip, and has nothing to undo.
-
-    Queries sent around Django (the driver's connection, ``callproc``,
-    ``copy``) open no savepoint: a handler must not fail after writing that
-    way. A failure that left the transaction broken with no savepoint to
-    return to rolls the whole batch back (``_BatchRolledBack``)."""
-
-    def __init__(self, connection: BaseDatabaseWrapper) -> None:
-        self.connection = connection
-        self.armed = False  # a handler is running
-        self.placed = False  # the running handler's savepoint is open
-        self.exists = False  # some savepoint is open in this transaction
-
-    def __call__(
-        self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any
-    ) -> Any:
-        if self.armed and not self.placed:
-            self._open()
-        return execute(sql, params, many, context)
-
-    def arm(self) -> None:
-        self.armed, self.placed = True, False
-
-    def disarm(self) -> None:
-        self.armed = False
-
-    def _open(self) -> None:
-        self.armed = False  # if the savepoint fails, the batch rolls back
-        _execute_raw(self.connection, NEXT_SAVEPOINT_SQL if self.exists else SAVEPOINT_SQL)
-        self.exists = self.placed = self.armed = True
-
-    def rollback(self) -> None:
-        """Undo the running handler's writes; without its savepoint there is
-        nothing to undo unless the transaction broke (the whole batch then
-        rolls back)."""
-        was_armed, self.armed = self.armed, False
-        if self.placed:
-            _execute_raw(self.connection, ROLLBACK_SAVEPOINT_SQL)
-        elif not was_armed or transaction_failed(self.connection):
-            # Not armed: opening the savepoint failed, the previous one is
-            # not this handler's to return to.
-            raise _BatchRolledBack
-
-
 @dataclass(eq=False)
 class AtomicBatches:
     config: WorkerConfig
@@ -122,7 +68,7 @@ class AtomicBatches:
         acknowledgement.
 
         A handler's savepoint is opened just before its first query (see
-        HandlerSavepoint): one that runs no query costs no round trip. A
+        db.LazySavepoint): one that runs no query costs no round trip. A
         handler that raises rolls back to its savepoint (with the
         ``on_commit`` callbacks it registered); its failure is recorded after
         the commit. If the acknowledgement finds a lease gone, or a failure
@@ -140,7 +86,9 @@ class AtomicBatches:
         acked = None  # the ids the acknowledgement found still leased
         lock_timeout = None  # the acknowledgement's error when it waited too long for a lock
         limit = min(self.config.batch_size, ATOMIC_BATCH_MAX)
-        savepoint = HandlerSavepoint(connection)
+        # Each handler's savepoint opens before its first query (none for
+        # one that runs none); one it cannot return to rolls the batch back.
+        savepoint = LazySavepoint(connection, "pgqueue_job", _BatchRolledBack)
         try:
             with transaction.atomic(using=using), connection.execute_wrapper(savepoint):
                 job = first
@@ -268,11 +216,3 @@ class AtomicBatches:
                 len(succeeded) - len(acked),
                 len(succeeded),
             )
-
-
-def _execute_raw(connection: BaseDatabaseWrapper, sql: str) -> None:
-    """Run the worker's own bookkeeping ``sql`` on the driver's connection,
-    past Django's cursor wrapper (and its execute wrappers): the savepoints
-    of atomic batches, once per handler."""
-    with connection.wrap_database_errors:
-        psycopg.ClientCursor(connection.connection).execute(sql)

@@ -220,11 +220,13 @@ class Command(BaseCommand):
                 _announce(worker, "health", host, health.port, "HEALTH_ACCESS")
             # This process is a worker from here on: keep its start-up heap
             # (Django, the project's modules) out of the cyclic collector's
-            # full scans: 5 to 6% of a no-op worker's CPU without this
-            # (docs/explanation/performance.rst).
+            # full scans, which otherwise walk it again and again for nothing.
             gc.collect()
             gc.freeze()
-            worker.run(install_signals=True)
+            try:
+                worker.run(install_signals=True)
+            finally:
+                gc.unfreeze()  # (call_command in a longer-lived process)
         finally:
             for server in servers:
                 server.close()
