@@ -12,6 +12,8 @@ from django_pgqueue import enqueue_many, maintenance, vacuum
 from django_pgqueue.conf.problems import CHECKS
 from django_pgqueue.models import Message
 
+from .conftest import raw_connection
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 TABLE = Message._meta.db_table
@@ -91,6 +93,48 @@ def test_none_never_vacuums_from_the_worker():
     before = vacuum_count()
     assert vacuum.vacuum_if_due() is None
     assert vacuum_count() == before
+
+
+@override_settings(PGQUEUE={"VACUUM_DEAD_ROWS": 100})
+def test_another_vacuum_holding_the_table_is_a_skip(caplog):
+    """Another session holds the lock a VACUUM takes (as autovacuum or
+    another worker's VACUUM would): SKIP_LOCKED skips it, and says so."""
+    leave_dead_rows(300)
+    before = vacuum_count()
+    with raw_connection() as holder:  # a transaction of its own, open until the block ends
+        holder.execute(f"LOCK TABLE {TABLE} IN SHARE UPDATE EXCLUSIVE MODE")
+        with caplog.at_level(logging.INFO, logger="django_pgqueue.vacuum"):
+            result = vacuum.vacuum_if_due()
+    assert result is not None and result.skipped
+    assert vacuum_count() == before
+    assert "skipped: another vacuum holds it" in caplog.text
+
+
+@override_settings(PGQUEUE={"VACUUM_DEAD_ROWS": 100})
+def test_a_vacuum_the_server_cancels_is_logged_and_tried_again(caplog):
+    """The VACUUM itself fails (here the server's statement_timeout cancels
+    it partway): a warning, no result, and the next check vacuums."""
+    leave_dead_rows(20_000)  # enough pages that 1 ms does not cover them
+    before = vacuum_count()
+
+    def cancel_soon(execute, sql, params, many, context):
+        if sql.startswith("VACUUM"):
+            execute("SET statement_timeout = '1ms'", None, False, context)
+            try:
+                return execute(sql, params, many, context)
+            finally:
+                execute("RESET statement_timeout", None, False, context)
+        return execute(sql, params, many, context)
+
+    with caplog.at_level(logging.WARNING, logger="django_pgqueue.vacuum"):
+        with connection.execute_wrapper(cancel_soon):
+            assert vacuum.vacuum_if_due() is None
+    assert f"VACUUM of {TABLE} failed (" in caplog.text
+    assert "statement timeout" in caplog.text
+    assert vacuum_count() == before
+    result = vacuum.vacuum_if_due()
+    assert result is not None and not result.skipped
+    assert vacuum_count() == before + 1
 
 
 @override_settings(PGQUEUE={"VACUUM_DEAD_ROWS": 100})
