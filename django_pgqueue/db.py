@@ -5,7 +5,8 @@ left behind, and the wait before trying again."""
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -72,6 +73,32 @@ def prepared_cursor(connection: BaseDatabaseWrapper) -> CursorWrapper:
 
 
 _INERROR = psycopg.pq.TransactionStatus.INERROR
+_IDLE = psycopg.pq.TransactionStatus.IDLE
+
+
+@contextmanager
+def autocommit_if_unused(connection: BaseDatabaseWrapper) -> Iterator[bool]:
+    """Inside ``transaction.atomic``: when nothing has run on the connection
+    since the block began (the driver has not sent BEGIN yet), run the
+    statements of the ``with`` block in autocommit, each its own transaction,
+    and yield True; else yield False and change nothing.
+
+    A handler's acknowledgement is the only statement of its transaction
+    when the handler ran no query (it called an API, sent an email): alone,
+    it is one round trip instead of three (BEGIN, the statement, COMMIT),
+    and the atomic block's COMMIT then has nothing to send. Its on_commit
+    callbacks still run after the block, once the acknowledgement is
+    committed."""
+    raw = connection.connection
+    if raw is None or raw.autocommit or raw.pgconn.transaction_status != _IDLE:
+        yield False
+        return
+    raw.autocommit = True
+    try:
+        yield True
+    finally:
+        if not raw.closed:
+            raw.autocommit = False
 
 
 def transaction_failed(connection: BaseDatabaseWrapper) -> bool:

@@ -8,6 +8,7 @@ import time
 
 import pytest
 from demo.models import Handled
+from django.db import connections
 from django.db.backends import utils as backend_utils
 from django.test import override_settings
 
@@ -428,6 +429,95 @@ def test_handlers_that_run_no_query_share_the_batch_and_fail_alone(
     everyone = [*plain, *nodb, early, late, *more]
     assert sorted(committed) == sorted(m.pk for m in everyone), "each callback once"
     assert ack_calls[0] == 8, f"one shared transaction for the first ten: {ack_calls}"
+
+
+@pytest.fixture
+def ack_modes(monkeypatch):
+    """Per acknowledgement of a shared transaction: (its messages, whether
+    it was sent in autocommit, alone)."""
+    from django_pgqueue import conf, lifecycle
+
+    calls = []
+    real = lifecycle.ack_leased
+
+    def recording(messages):
+        raw = connections[conf.database_alias()].connection
+        calls.append((len(messages), raw.autocommit))
+        return real(messages)
+
+    monkeypatch.setattr(lifecycle, "ack_leased", recording)
+    return calls
+
+
+def test_handlers_that_run_no_query_are_acknowledged_alone_in_batches_past_fifty(
+    committed, ack_modes, unhurried_batches
+):
+    """No savepoint was opened, so ATOMIC_BATCH_MAX does not end the batch
+    (the batch size does), and the acknowledgement is the transaction's
+    only statement: sent in autocommit, one round trip. The handlers'
+    on_commit callbacks run once it has committed."""
+    messages = enqueue_many([{"payload": {"do": "nodb"}}] * 120, topic="test.batch")
+    with running_worker(concurrency=1, batch_size=200, prefetch=200, poll_interval=0.1):
+        wait_until(lambda: not Message.objects.exists(), message="every message")
+    assert ack_modes[0] == (120, True), ack_modes
+    assert sorted(committed) == sorted(m.pk for m in messages), "each callback once"
+    assert not DeadLetter.objects.exists()
+
+
+def test_a_lone_handler_that_runs_no_query_is_acknowledged_alone(committed, ack_modes, caplog):
+    """A message run on its own (batch size 1): its acknowledgement is sent
+    in autocommit, its on_commit callback runs after it; when the lease was
+    lost the callback is dropped and the row stays with the lease's holder."""
+    from django_pgqueue import lifecycle
+
+    modes = []
+    real = lifecycle.ack
+
+    def recording(message):
+        modes.append(connections["default"].connection.autocommit)
+        return real(message)
+
+    done = enqueue("test.batch", {"do": "nodb"})
+    stolen = enqueue("test.batch", {"do": "nodb_steal"})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(lifecycle, "ack", recording)
+        Worker(concurrency=1, batch_size=1, prefetch=0, max_messages=2, burst=True).run()
+    assert modes == [True, True]
+    assert committed == [done.pk]
+    assert list(Message.objects.values_list("pk", "status")) == [(stolen.pk, Status.PROCESSING)]
+    assert "lease lost before the commit" in caplog.text
+
+
+def test_a_shared_transaction_opens_at_most_fifty_savepoints(
+    committed, ack_modes, unhurried_batches
+):
+    """Handlers that query each open a savepoint (a subtransaction when they
+    write): ATOMIC_BATCH_MAX of them end the batch, committed in the
+    transaction with its acknowledgement."""
+    messages = enqueue_many([{"payload": {}}] * 60, topic="test.batch")
+    with running_worker(concurrency=1, batch_size=200, prefetch=200, poll_interval=0.1):
+        wait_until(lambda: not Message.objects.exists(), message="every message")
+    assert ack_modes[0] == (50, False), ack_modes
+    assert handled_ids() == {m.pk: 1 for m in messages}
+    assert sorted(committed) == sorted(m.pk for m in messages)
+
+
+def test_a_lease_lost_in_a_batch_acknowledged_alone_loses_only_that_message(
+    committed, ack_modes, caplog
+):
+    """The acknowledgement committed alone, with no write to undo: the others
+    are done (run once, callbacks once), the one that lost its lease keeps
+    its row for the lease's holder, and its on_commit callback is dropped."""
+    before = enqueue_many([{"payload": {"do": "nodb"}}] * 3, topic="test.batch")
+    stolen = enqueue("test.batch", {"do": "nodb_steal"})
+    after = enqueue_many([{"payload": {"do": "nodb"}}] * 3, topic="test.batch")
+    Worker(concurrency=1, batch_size=20, prefetch=20, max_messages=7, burst=True).run()
+    others = sorted(m.pk for m in before + after)
+    assert ack_modes == [(7, True)], ack_modes
+    assert sorted(committed) == others, "each other callback once, none of the stolen one"
+    assert list(Message.objects.values_list("pk", "status")) == [(stolen.pk, Status.PROCESSING)]
+    assert f"Message id={stolen.pk} " in caplog.text
+    assert "lease lost before the commit" in caplog.text
 
 
 @pytest.mark.parametrize("action", ["raw_swallow", "raw_swallow_then_write"])

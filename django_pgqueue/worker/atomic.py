@@ -17,6 +17,7 @@ from django.db import DatabaseError, connections, transaction
 from django_pgqueue import conf, lifecycle
 from django_pgqueue.db import (
     LazySavepoint,
+    autocommit_if_unused,
     drop_broken_connections,
     first_line,
     lock_timed_out,
@@ -32,9 +33,11 @@ logger = logging.getLogger(__package__)
 
 # A batch takes no more jobs once it has run this long (seconds).
 ATOMIC_BATCH_SECONDS = 0.05
-# At most this many handlers per shared transaction: each savepoint that
-# writes takes a subtransaction id, and past 64 in one transaction
-# PostgreSQL's snapshots overflow to pg_subtrans, which slows every session.
+# At most this many savepoints (handlers that queried) per shared
+# transaction: each savepoint that writes takes a subtransaction id, and
+# past 64 in one transaction PostgreSQL's snapshots overflow to pg_subtrans,
+# which slows every session. Handlers that run no query open none: a batch
+# of them ends at the worker's batch size or ATOMIC_BATCH_SECONDS.
 ATOMIC_BATCH_MAX = 50
 
 
@@ -84,8 +87,11 @@ class AtomicBatches:
         after = None  # a job taken from the pool that cannot join the batch
         began = time.monotonic()
         acked = None  # the ids the acknowledgement found still leased
+        lost: list[Job] = []  # lost their lease, the others acknowledged alone
+        # Where each succeeded job's on_commit callbacks are in the connection's list.
+        registered: dict[Job, tuple[int, int]] = {}
         lock_timeout = None  # the acknowledgement's error when it waited too long for a lock
-        limit = min(self.config.batch_size, ATOMIC_BATCH_MAX)
+        limit = self.config.batch_size
         # Each handler's savepoint opens before its first query (none for
         # one that runs none); one it cannot return to rolls the batch back.
         savepoint = LazySavepoint(connection, "pgqueue_job", _BatchRolledBack)
@@ -107,6 +113,7 @@ class AtomicBatches:
                         job.handler_returned()  # it cannot time out any more
                         job.uncommitted = True
                         succeeded.append(job)
+                        registered[job] = (callbacks, len(connection.run_on_commit))
                     except BaseException as exc:  # noqa: BLE001  (a handler may raise anything)
                         job.handler_returned()
                         if not isinstance(exc, LeaseLost):  # a timed-out job is recorded
@@ -117,7 +124,11 @@ class AtomicBatches:
                         savepoint.rollback()
                         connection.needs_rollback = False
                         del connection.run_on_commit[callbacks:]
-                    if len(batch) >= limit or time.monotonic() - began > ATOMIC_BATCH_SECONDS:
+                    if (
+                        len(batch) >= limit
+                        or savepoint.opened >= ATOMIC_BATCH_MAX
+                        or time.monotonic() - began > ATOMIC_BATCH_SECONDS
+                    ):
                         break
                     taken = self.pool.take_nowait()
                     if taken is None:
@@ -132,7 +143,10 @@ class AtomicBatches:
                 keep = [j for j in succeeded if not j.abandoned]
                 if keep:
                     try:
-                        acked = lifecycle.ack_leased([j.message for j in keep])
+                        # No handler of the batch ran a query: the
+                        # acknowledgement commits alone, in one round trip.
+                        with autocommit_if_unused(connection) as alone:
+                            acked = lifecycle.ack_leased([j.message for j in keep])
                     except DatabaseError as exc:
                         if not lock_timed_out(exc):
                             raise
@@ -141,7 +155,17 @@ class AtomicBatches:
                         lock_timeout = first_line(exc)
                         raise _BatchRolledBack from exc
                     if len(acked) != len(keep):
-                        raise _BatchRolledBack
+                        if not alone:
+                            raise _BatchRolledBack
+                        # Committed already, and without writes to undo: the
+                        # acknowledged are done, the others lost their lease.
+                        lost = [j for j in keep if j.message.id not in acked]
+                        succeeded = [j for j in succeeded if j not in lost]
+                        # Their on_commit callbacks must not run (the last first:
+                        # the earlier ones' positions stay as they are).
+                        for job in reversed(lost):
+                            start, end = registered[job]
+                            del connection.run_on_commit[start:end]
         except _BatchRolledBack:
             # Rolled back: run again, alone, the jobs that still held their lease
             # (all of them when the acknowledgement did not run).
@@ -175,6 +199,10 @@ class AtomicBatches:
         for job in succeeded:
             job.uncommitted = False
             runner.finished(job, LOST if job.abandoned else DONE)
+        for job in lost:
+            job.uncommitted = False
+            job.log_lease_lost_before_commit()
+            runner.finished(job, LOST)
         for job, failure in failed:
             outcome = LOST if job.abandoned else self.outcomes.record_failure(job, failure)
             runner.finished(job, outcome)

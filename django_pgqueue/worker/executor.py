@@ -10,10 +10,15 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connections, transaction
 
 from django_pgqueue import conf, lifecycle
-from django_pgqueue.db import drop_broken_connections, first_line, lock_timed_out
+from django_pgqueue.db import (
+    autocommit_if_unused,
+    drop_broken_connections,
+    first_line,
+    lock_timed_out,
+)
 from django_pgqueue.exceptions import HandlerTimeout
 from django_pgqueue.models import Category, Message
 from django_pgqueue.worker.acks import Acks
@@ -88,10 +93,16 @@ class Executor:
                     category=Category.PERMANENT,
                 )
             elif spec.atomic:
-                with transaction.atomic(using=conf.database_alias()):
+                connection = connections[conf.database_alias()]
+                with transaction.atomic(using=connection.alias):
                     job.run_handler()
-                    if job.abandoned or not _ack_waiting_for_locks(message):
+                    if job.abandoned:
                         raise LeaseLost
+                    # A handler that ran no query: its acknowledgement commits
+                    # alone, in one round trip.
+                    with autocommit_if_unused(connection):
+                        if not _ack_waiting_for_locks(message):
+                            raise LeaseLost
                 outcome = DONE
             else:
                 job.run_handler()

@@ -133,17 +133,21 @@ def test_batch(message):
     another worker's claim would) before returning; "sleep" sleeps.
 
     Before any query: "nodb" only registers the callback; "fail_early"
-    registers it and raises; "raw_swallow" breaks the transaction through
+    registers it and raises; "nodb_steal" registers it and takes its own
+    lease away without a query on the worker's connection; "raw_swallow"
+    breaks the transaction through
     the driver's connection (around Django) and swallows the error, and
     "raw_swallow_then_write" then also records (all on the first attempt)."""
     from django.db import connection, transaction
 
     action = message.payload.get("do")
     first = message.attempts == 1
-    if action in ("nodb", "fail_early"):
+    if action in ("nodb", "fail_early", "nodb_steal"):
         transaction.on_commit(lambda: COMMITTED.append(message.pk))
         if action == "fail_early" and first:
             raise RuntimeError("failed before any query")
+        if action == "nodb_steal":
+            steal_lease(message)
         return
     if action in ("raw_swallow", "raw_swallow_then_write") and first:
         try:
@@ -163,18 +167,25 @@ def test_batch(message):
         except Exception:
             pass
     if action == "steal":
-        import psycopg
-
-        params = connection.get_connection_params()
-        params.pop("cursor_factory", None)
-        params.pop("context", None)
-        with psycopg.connect(**params, autocommit=True) as other:
-            other.execute(
-                "UPDATE django_pgqueue_message SET lease_token = gen_random_uuid() WHERE id = %s",
-                [message.pk],
-            )
+        steal_lease(message)
     if action == "sleep":
         time.sleep(message.payload["seconds"])
+
+
+def steal_lease(message):
+    """Give ``message``'s row another lease token (as a rescue and another
+    worker's claim would), from a connection of its own."""
+    import psycopg
+    from django.db import connection
+
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    with psycopg.connect(**params, autocommit=True) as other:
+        other.execute(
+            "UPDATE django_pgqueue_message SET lease_token = gen_random_uuid() WHERE id = %s",
+            [message.pk],
+        )
 
 
 @handler("test.batch_timeout", timeout=0.5, backoff_base=0.05, backoff_cap=0.1)
