@@ -221,6 +221,31 @@ def test_the_one_message_insert_is_prepared_and_stores_every_option_the_same():
 
 
 @pytest.mark.django_db
+def test_a_message_with_every_option_at_its_default_is_stored_as_the_long_insert_stores_it():
+    """enqueue(topic, payload) sends a shorter INSERT (three parameters, the
+    rest the table's defaults): its row is the one the full INSERT writes
+    for the same options, run_at the transaction's now() as without delay."""
+    from django_pgqueue import enqueuing
+
+    plain = enqueue("t.plain", {"n": 1})
+    full = enqueue("t.plain", {"n": 1}, headers={"h": 1})  # not plain: every column bound
+    assert enqueuing._ONE_SQL[enqueuing.PLAIN].count("%s") == 3
+    columns = [f.attname for f in Message._meta.concrete_fields]
+    rows = {row["id"]: row for row in Message.objects.filter(topic="t.plain").values(*columns)}
+    same = {"id", "headers", "created_at", "updated_at"}
+    plain_row, full_row = rows[plain.pk], rows[full.pk]
+    assert {k: v for k, v in plain_row.items() if k not in same} == {
+        k: v for k, v in full_row.items() if k not in same
+    }
+    assert plain_row["headers"] == {} and full_row["headers"] == {"h": 1}
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT now()")
+        (now,) = cursor.fetchone()
+    assert plain_row["run_at"] == full_row["run_at"] == now == plain.run_at
+    assert plain.created_at == plain_row["created_at"] and plain.created is True
+
+
+@pytest.mark.django_db
 def test_without_a_prepare_threshold_nothing_is_prepared():
     """The PgBouncer setting (OPTIONS prepare_threshold None) is honoured."""
     connection = connections["default"]
