@@ -17,6 +17,7 @@ migrations 0005 and 0012, ``postgres`` resets them to PostgreSQL's defaults.
 
 import importlib
 import json
+import statistics
 import sys
 import time
 
@@ -44,6 +45,8 @@ NUMBERS = (
     ("--tolerance", float, 0.10, "allowed end/start difference"),
 )
 SETTINGS = ("product", "postgres")
+# Probes of the soaked database and of the reference, in turn, at the start and the end.
+PAIRS = 5
 
 
 def reset_statements():
@@ -139,11 +142,42 @@ def wait_for_autovacuum(count_before, timeout):
     return None
 
 
-def soak_run(bench, args, settings):
-    """One run: the probe, the rounds through one worker, the probe again."""
+def paired_probes(bench, args, soaked_url, reference_url):
+    """The claim probe on the soaked database and on the reference (a
+    database of the same cluster that no worker ever used), in turn, PAIRS
+    times, the order alternating; each probe after a quiesce (no autovacuum
+    running, a CHECKPOINT) and followed by a VACUUM of its table. The
+    machine's speed drifts by far more than 10% over minutes: only a ratio
+    to a reference measured in the same minutes tells what the churn left
+    in the soaked table and its indexes."""
+    pairs = []
+    for i in range(PAIRS):
+        order = [("soaked", soaked_url), ("reference", reference_url)]
+        pair = {}
+        for name, url in order if i % 2 == 0 else order[::-1]:
+            use_database(bench, url)
+            pair[name] = claim_probe(args.claim_calls, args.claim_batch, quiet=True)
+            db.execute(f"VACUUM {db.MESSAGE_TABLE}")
+        pairs.append(pair)
+    use_database(bench, soaked_url)
+
+    def ratio(key):
+        return statistics.median(p["soaked"][key] / p["reference"][key] for p in pairs)
+
+    return {
+        "pairs": pairs,
+        "server_cpu_ratio": ratio("server_cpu_mean_ms"),
+        "p50_ratio": ratio("p50_ms"),
+    }
+
+
+def soak_run(bench, args, settings, reference_url):
+    """One run: the probe, the rounds through one worker, the probe again;
+    the probes beside the reference's at the start and the end."""
     if settings == "postgres":
         for statement in reset_statements():
             db.execute(statement)
+    soaked_url = bench.url
     run = {
         "table_settings": settings,
         "storage_options": storage_options(db.MESSAGE_TABLE),
@@ -151,6 +185,8 @@ def soak_run(bench, args, settings):
     }
     run["probe_start"] = claim_probe(args.claim_calls, args.claim_batch)
     run["after_probe_start"] = snapshot()
+    db.execute(f"VACUUM {db.MESSAGE_TABLE}")
+    run["paired_start"] = paired_probes(bench, args, soaked_url, reference_url)
     per_round = args.messages // args.rounds
     worker = bench.worker(f"soak-{settings}", [])
     rounds = []
@@ -188,6 +224,8 @@ def soak_run(bench, args, settings):
     run["end"] = snapshot()
     run["probe_end"] = claim_probe(args.claim_calls, args.claim_batch)
     run["after_probe_end"] = snapshot()
+    db.execute(f"VACUUM {db.MESSAGE_TABLE}")
+    run["paired_end"] = paired_probes(bench, args, soaked_url, reference_url)
     if args.reindex_probe:
         # The end's probe left its claimed rows dead: vacuum them as autovacuum
         # did before the end's probe, then rebuild the indexes.
@@ -228,22 +266,27 @@ def run(args, logs):
             # visits each database, whatever the tables' own thresholds.
             conn.execute(f"ALTER SYSTEM SET autovacuum_naptime = {int(args.naptime)}")
             conn.execute("SELECT pg_reload_conf()")
-        urls = {}
+        urls, references = {}, {}
         for settings in args.table_settings:
             name = f"pgqueue_bench_soak_{settings}"
-            for dbname in (name, name + "_other"):
+            for dbname in (name, name + "_other", name + "_ref", name + "_ref_other"):
                 cluster.create_database(dbname)
-            urls[settings] = cluster.url(name)
+            urls[settings], references[settings] = cluster.url(name), cluster.url(name + "_ref")
             db.migrate(db.pgqueue_env(urls[settings]))
+            db.migrate(db.pgqueue_env(references[settings]))
         first_url = urls[args.table_settings[0]]
         env = db.pgqueue_env(first_url)
         db.setup_django(env)
         bench = Bench(first_url, env, logs.path, worker_args=args.worker_args.split())
         result = {"environment": environment(), "options": vars(args), "runs": []}
         for settings in args.table_settings:
+            if settings == "postgres":
+                use_database(bench, references[settings])
+                for statement in reset_statements():
+                    db.execute(statement)
             use_database(bench, urls[settings])
             print(f"run {settings}: {args.messages:,} messages", file=sys.stderr)
-            result["runs"].append(soak_run(bench, args, settings))
+            result["runs"].append(soak_run(bench, args, settings, references[settings]))
         result["environment"]["load_average_end"] = load_average()
         result["checks"] = checks(result, args.tolerance)
     finally:

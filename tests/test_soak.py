@@ -59,6 +59,17 @@ def test_short_soak_gets_every_message_through(tmp_path):
     for when in ("probe_start", "probe_end"):
         assert run[when]["calls"] == 5
         assert run[when]["server_cpu_mean_ms"] > 0
+    for when in ("paired_start", "paired_end"):
+        # The claim beside a never-used database's, in turn: the ratio the
+        # check reads.
+        pairs = run[when]["pairs"]
+        assert len(pairs) == 5
+        for pair in pairs:
+            assert pair["soaked"]["calls"] == pair["reference"]["calls"] == 5
+            assert pair["reference"]["quiesced_s"] is not None
+        assert run[when]["server_cpu_ratio"] > 0 and run[when]["p50_ratio"] > 0
+    names = [check["name"] for check in result["checks"]]
+    assert "product: claim server CPU, soaked/reference at the end" in names
     sizes = run["rounds"][-1]["sizes"]
     assert set(sizes) == {"django_pgqueue_message", "django_pgqueue_finishedmessage"}
     assert "pgqueue_msg_claim_idx" in sizes["django_pgqueue_message"]["index_bytes"]

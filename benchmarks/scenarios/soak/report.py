@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from math import nan
 from typing import Any
 
 from harness.db import MESSAGE_TABLE
@@ -47,13 +48,29 @@ def checks(result: dict[str, Any], tolerance: float) -> list[dict[str, Any]]:
         first_half = [r["sizes"][MESSAGE_TABLE] for r in rounds[: max(1, len(rounds) // 2)]]
         last = rounds[-1]["sizes"][MESSAGE_TABLE]
         rates = [r["jobs_per_s"] for r in rounds]
+        paired = run.get("paired_end")
+        if paired is None:  # a run from before the paired probes
+            claim_checks = [
+                ("claim p50 ms, end/start", start["p50_ms"], end["p50_ms"]),
+                (
+                    "claim server CPU ms, end/start",
+                    start["server_cpu_mean_ms"],
+                    end["server_cpu_mean_ms"],
+                ),
+            ]
+        else:
+            # The soaked table against the reference's, probed in turn at the
+            # end: the medians of the pairs' ratios, as ratios to 1.
+            claim_checks = [
+                ("claim p50, soaked/reference at the end", 1.0, paired["p50_ratio"]),
+                (
+                    "claim server CPU, soaked/reference at the end",
+                    1.0,
+                    paired["server_cpu_ratio"],
+                ),
+            ]
         for name, a, b in (
-            ("claim p50 ms, end/start", start["p50_ms"], end["p50_ms"]),
-            (
-                "claim server CPU ms, end/start",
-                start["server_cpu_mean_ms"],
-                end["server_cpu_mean_ms"],
-            ),
+            *claim_checks,
             (
                 "queue table MiB, last/first half",
                 mib(max(s["total_bytes"] for s in first_half)),
@@ -136,10 +153,36 @@ def print_report(result: dict[str, Any]) -> None:
         for when in ("start", "end"):
             p = run[f"probe_{when}"]
             print(
-                f"  claim probe {when:5}: {p['calls']} claims of {p['batch']} from"
+                f"  claim probe {when:11}: {p['calls']} claims of {p['batch']} from"
                 f" {p['backlog']:,}: p50 {p['p50_ms']:.3f} ms, p99 {p['p99_ms']:.3f} ms, server"
-                f" CPU mean {p['server_cpu_mean_ms']:.3f} ms; EXPLAIN {p['plan_buffers']}"
+                f" CPU mean {p['server_cpu_mean_ms']:.3f} ms, WAL mean"
+                f" {p.get('wal_kib_mean', nan):.1f} KiB (p50 {p.get('wal_kib_p50', nan):.1f})"
+                f"{', a checkpoint began' if p.get('checkpoint_during') else ''}"
+                f", {p.get('claims_beside_autovacuum', '?')} beside an autovacuum;"
+                f" EXPLAIN {p['plan_buffers']}"
                 f" buffers, {p['plan_execution_ms']:.3f} ms, {','.join(p['plan_indexes'])}"
+            )
+    for run in result["runs"]:
+        for when in ("start", "end"):
+            paired = run.get(f"paired_{when}")
+            if paired is None:
+                continue
+            print(
+                f"  {run['table_settings']}, claim probes in turn at the {when}, soaked and"
+                " reference (server CPU mean ms, p50 ms):"
+            )
+            for i, pair in enumerate(paired["pairs"]):
+                soaked, reference = pair["soaked"], pair["reference"]
+                print(
+                    f"    pair {i + 1}: soaked {soaked['server_cpu_mean_ms']:.3f} /"
+                    f" {soaked['p50_ms']:.3f}, reference {reference['server_cpu_mean_ms']:.3f} /"
+                    f" {reference['p50_ms']:.3f}; WAL KiB {soaked['wal_kib_mean']:.1f} /"
+                    f" {reference['wal_kib_mean']:.1f}; EXPLAIN buffers {soaked['plan_buffers']}"
+                    f" / {reference['plan_buffers']}"
+                )
+            print(
+                f"    median of the ratios: server CPU {paired['server_cpu_ratio']:.3f},"
+                f" p50 {paired['p50_ratio']:.3f}"
             )
     print("\nChecks (ratio: the second figure over the first):")
     for c in result["checks"]:
