@@ -53,6 +53,7 @@ LAYERS = [
             "django_pgqueue.sql",
             "django_pgqueue.sql_limited",  # the claim of a queue with limits
             "django_pgqueue.sql_history",  # the history and counts written with the outcomes
+            "django_pgqueue.sql_insert",  # enqueue()'s and enqueue_many()'s INSERTs
             "django_pgqueue.running",  # cancel_requested(): what a handler asks of its run
             "django_pgqueue.tracing",  # OpenTelemetry spans: enqueue, worker, streams call it
             "django_pgqueue.notify",

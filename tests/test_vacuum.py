@@ -2,17 +2,18 @@
 after a maintenance round when the table's dead rows pile up."""
 
 import logging
+import time
 import uuid
 
 import pytest
 from django.db import connection, transaction
 from django.test import override_settings
 
-from django_pgqueue import enqueue_many, maintenance, vacuum
+from django_pgqueue import enqueue, enqueue_many, maintenance, vacuum
 from django_pgqueue.conf.problems import CHECKS
 from django_pgqueue.models import Message
 
-from .conftest import raw_connection
+from .conftest import raw_connection, running_worker, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -54,6 +55,33 @@ def test_the_round_vacuums_the_queue_table_when_dead_rows_pile_up(caplog):
     assert not result.vacuumed.skipped
     assert result.vacuumed.dead_rows_after < 300
     assert vacuum_count() == before + 1
+    assert f"vacuumed {TABLE} (" in caplog.text
+
+
+@override_settings(PGQUEUE={"VACUUM_DEAD_ROWS": 100, "HEARTBEAT_INTERVAL": 60.0})
+def test_a_busy_worker_checks_every_second_not_only_at_its_rounds(caplog):
+    """With these settings the heartbeat thread's rounds and lease
+    extensions come every 15 s; the dead rows a busy worker leaves are
+    checked every vacuum.CHECK_SECONDS between them."""
+    enqueue("test.sleep", {"seconds": 12})  # the worker stays busy meanwhile
+    with caplog.at_level(logging.INFO, logger="django_pgqueue.vacuum"):
+        with running_worker(concurrency=1, poll_interval=0.1):
+            wait_until(
+                lambda: Message.objects.filter(topic="test.sleep", status="processing").exists(),
+                message="the sleeping handler started",
+            )
+            time.sleep(0.5)  # past the round the worker ran as it became busy
+            before = vacuum_count()
+            enqueue_many([{"payload": {"n": i}} for i in range(300)], topic="vacuum.test")
+            Message.objects.filter(topic="vacuum.test").delete()
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_stat_force_next_flush()")
+                cursor.execute("SELECT 1")
+            wait_until(
+                lambda: vacuum_count() > before,
+                timeout=8,
+                message="a vacuum before the next round (15 s)",
+            )
     assert f"vacuumed {TABLE} (" in caplog.text
 
 

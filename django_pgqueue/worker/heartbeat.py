@@ -94,32 +94,44 @@ class Heartbeat:
         maintenance_every = min(config.lease_seconds / 4, 15.0)
         tick = min(maintenance_every, config.heartbeat_interval / 2)
         next_maintenance = time.monotonic()
+        next_tick = next_vacuum = 0.0  # the lease work's next turn; the vacuum check's
+        busy = False
         while not self._exit.is_set():
             try:
-                if self._due(config.thread_beat_after):
-                    liveness.heartbeat(self._beat())
-                    self.recorded()
+                woken = self._wake.is_set()
+                self._wake.clear()
+                now = time.monotonic()
                 busy = self._ledger.busy()
-                round_due = busy and time.monotonic() >= next_maintenance
-                if self._maintenance_wanted or round_due:
-                    self._maintenance_wanted = False
-                    self._report(maintenance.run_once())
-                    next_maintenance = time.monotonic() + maintenance_every
-                if busy:
-                    self._extend_leases()
-                    # The fallback of the control channel's "cancel" (a
-                    # NOTIFY is at-most-once; poll-only mode has none).
-                    self._controls.cancel(liveness.cancel_requested(self._ledger.leased()))
-                    if not round_due:
-                        # Between rounds too (one statistics query): a busy
-                        # worker leaves that many dead rows in a round's 15 s.
-                        vacuum.vacuum_if_due()
+                if woken or now >= next_tick:
+                    next_tick = now + tick
+                    if self._due(config.thread_beat_after):
+                        liveness.heartbeat(self._beat())
+                        self.recorded()
+                    if self._maintenance_wanted or (busy and now >= next_maintenance):
+                        self._maintenance_wanted = False
+                        self._report(maintenance.run_once())  # it checks the vacuum too
+                        next_maintenance = time.monotonic() + maintenance_every
+                        next_vacuum = time.monotonic() + vacuum.CHECK_SECONDS
+                    if busy:
+                        self._extend_leases()
+                        # The fallback of the control channel's "cancel" (a
+                        # NOTIFY is at-most-once; poll-only mode has none).
+                        self._controls.cancel(liveness.cancel_requested(self._ledger.leased()))
+                if busy and time.monotonic() >= next_vacuum:
+                    # Between rounds and lease extensions too (one statistics
+                    # query a second): a busy worker leaves some 50,000 dead
+                    # rows a second.
+                    next_vacuum = time.monotonic() + vacuum.CHECK_SECONDS
+                    vacuum.vacuum_if_due()
             except DatabaseError as exc:
                 drop_broken_connections()
                 self._metrics.reconnected("heartbeat")
                 logger.warning("Worker %s heartbeat: database error (%s)", config.worker_id, exc)
-            self._wake.wait(tick)
-            self._wake.clear()
+            # Idle, it still looks every CHECK_SECONDS (no query) whether the
+            # worker got busy: the vacuum check must not wait for the next tick.
+            now = time.monotonic()
+            wake_at = min(next_tick, next_vacuum if busy else now + vacuum.CHECK_SECONDS)
+            self._wake.wait(max(0.0, wake_at - now))
         connections.close_all()
 
     def _report(self, result: maintenance.MaintenanceResult | None) -> None:
