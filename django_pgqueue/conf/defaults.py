@@ -89,9 +89,10 @@ DEFAULTS: dict[str, Any] = {
     # "cancelled", for the record) before maintenance deletes it. None keeps
     # them.
     "CANCELLED_RETENTION": 7 * 24 * 3600.0,
-    # The maintenance round vacuums the queue table itself (VACUUM
-    # (SKIP_LOCKED), after its transaction) when more than this many of its
-    # rows are dead, and more than it holds live ones: autovacuum comes by at
+    # The worker vacuums the queue table itself (VACUUM (SKIP_LOCKED), after
+    # the maintenance round's transaction, and each second while it is busy)
+    # when more than this many of its rows are dead, and more than it holds
+    # live ones: autovacuum comes by at
     # most once per autovacuum_naptime (a minute by default), and a busy
     # worker leaves hundreds of thousands of dead rows in a minute. The
     # workers' database role must own the table (or the database). None:
