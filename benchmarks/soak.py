@@ -47,6 +47,11 @@ NUMBERS = (
 SETTINGS = ("product", "postgres")
 # Probes of the soaked database and of the reference, in turn, at the start and the end.
 PAIRS = 5
+# Rounds through a worker on each, in turn, at the end.
+RATE_PAIRS = 3
+LISTENING_SQL = (
+    "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND state = 'idle'"
+)
 
 
 def reset_statements():
@@ -171,6 +176,41 @@ def paired_probes(bench, args, soaked_url, reference_url):
     }
 
 
+def start_worker(bench, name):
+    """A worker on the bench's database, once its listener waits (the rounds
+    time the worker's work, not its start-up)."""
+    worker = bench.worker(name, [])
+    deadline = time.monotonic() + 60
+    while not db.scalar(LISTENING_SQL, [f"pgqueue_listener#{worker.pid}"]):
+        if worker.poll() is not None or time.monotonic() > deadline:
+            raise db.CheckFailed(f"the worker did not start\n{worker.log_tail()}")
+        time.sleep(0.05)
+    return worker
+
+
+def paired_rounds(bench, args, soaked_url, reference_url, messages):
+    """A round of ``messages`` through a fresh worker on the soaked database
+    and on the reference, in turn, RATE_PAIRS times (the order alternating):
+    the worker's rate at the end beside a table no worker churned, measured
+    in the same minutes."""
+    pairs = []
+    for i in range(RATE_PAIRS):
+        order = [("soaked", soaked_url), ("reference", reference_url)]
+        pair = {}
+        for name, url in order if i % 2 == 0 else order[::-1]:
+            use_database(bench, url)
+            worker = start_worker(bench, f"soak-rate-{name}-{i}")
+            started = time.perf_counter()
+            feed_round(1, messages, args.chunk, worker)
+            pair[name] = messages / (time.perf_counter() - started)
+            worker.stop()
+            worker.check_clean(f"soak round {name} {i + 1} (SIGTERM)")
+        pairs.append(pair)
+    use_database(bench, soaked_url)
+    ratio = statistics.median(p["soaked"] / p["reference"] for p in pairs)
+    return {"messages": messages, "pairs": pairs, "ratio": ratio}
+
+
 def soak_run(bench, args, settings, reference_url):
     """One run: the probe, the rounds through one worker, the probe again;
     the probes beside the reference's at the start and the end."""
@@ -188,7 +228,7 @@ def soak_run(bench, args, settings, reference_url):
     db.execute(f"VACUUM {db.MESSAGE_TABLE}")
     run["paired_start"] = paired_probes(bench, args, soaked_url, reference_url)
     per_round = args.messages // args.rounds
-    worker = bench.worker(f"soak-{settings}", [])
+    worker = start_worker(bench, f"soak-{settings}")
     rounds = []
     first = 1
     for r in range(args.rounds):
@@ -226,6 +266,7 @@ def soak_run(bench, args, settings, reference_url):
     run["after_probe_end"] = snapshot()
     db.execute(f"VACUUM {db.MESSAGE_TABLE}")
     run["paired_end"] = paired_probes(bench, args, soaked_url, reference_url)
+    run["rounds_end"] = paired_rounds(bench, args, soaked_url, reference_url, per_round)
     if args.reindex_probe:
         # The end's probe left its claimed rows dead: vacuum them as autovacuum
         # did before the end's probe, then rebuild the indexes.

@@ -68,8 +68,12 @@ def test_short_soak_gets_every_message_through(tmp_path):
             assert pair["soaked"]["calls"] == pair["reference"]["calls"] == 5
             assert pair["reference"]["quiesced_s"] is not None
         assert run[when]["server_cpu_ratio"] > 0 and run[when]["p50_ratio"] > 0
+    rounds = run["rounds_end"]
+    assert len(rounds["pairs"]) == 3 and rounds["messages"] == 1500
+    assert all(p["soaked"] > 0 and p["reference"] > 0 for p in rounds["pairs"])
     names = [check["name"] for check in result["checks"]]
     assert "product: claim server CPU, soaked/reference at the end" in names
+    assert "product: worker jobs/s, soaked/reference at the end" in names
     sizes = run["rounds"][-1]["sizes"]
     assert set(sizes) == {"django_pgqueue_message", "django_pgqueue_finishedmessage"}
     assert "pgqueue_msg_claim_idx" in sizes["django_pgqueue_message"]["index_bytes"]

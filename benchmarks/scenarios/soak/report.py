@@ -83,15 +83,27 @@ def checks(result: dict[str, Any], tolerance: float) -> list[dict[str, Any]]:
             ),
         ):
             out.append(_check(f"{label}: {name}", a, b, tolerance))
-        out.append(
-            _check(
-                f"{label}: worker jobs/s, slowest/median round",
-                statistics.median(rates),
-                min(rates),
-                tolerance,
-                higher_is_better=True,
+        rounds_paired = run.get("rounds_end")
+        if rounds_paired is None:  # a run from before the paired rounds
+            out.append(
+                _check(
+                    f"{label}: worker jobs/s, slowest/median round",
+                    statistics.median(rates),
+                    min(rates),
+                    tolerance,
+                    higher_is_better=True,
+                )
             )
-        )
+        else:
+            out.append(
+                _check(
+                    f"{label}: worker jobs/s, soaked/reference at the end",
+                    1.0,
+                    rounds_paired["ratio"],
+                    tolerance,
+                    higher_is_better=True,
+                )
+            )
     return out
 
 
@@ -184,6 +196,19 @@ def print_report(result: dict[str, Any]) -> None:
                 f"    median of the ratios: server CPU {paired['server_cpu_ratio']:.3f},"
                 f" p50 {paired['p50_ratio']:.3f}"
             )
+    for run in result["runs"]:
+        rounds_paired = run.get("rounds_end")
+        if rounds_paired is not None:
+            print(
+                f"  {run['table_settings']}, rounds of {rounds_paired['messages']:,} in turn at the"
+                " end, a fresh worker each, soaked and reference (jobs/s):"
+            )
+            for i, pair in enumerate(rounds_paired["pairs"]):
+                print(
+                    f"    pair {i + 1}: soaked {pair['soaked']:,.0f},"
+                    f" reference {pair['reference']:,.0f}"
+                )
+            print(f"    median of the ratios: {rounds_paired['ratio']:.3f}")
     print("\nChecks (ratio: the second figure over the first):")
     for c in result["checks"]:
         print(
