@@ -79,8 +79,16 @@ def payload_only(i):
 def enqueue_insert(database):
     """enqueue()'s one-message INSERT, captured as it runs, and its parameters
     (the same for every message: every option at its default)."""
+    # DEBUG off, as in production and compare.py: with it on, Django logs
+    # every query, and enqueue() then sends its INSERT unprepared through
+    # Django's logging cursor (db.prepared_cursor).
     db.setup_django(
-        dict(os.environ, DJANGO_SETTINGS_MODULE="testproject.settings", DATABASE_URL=database)
+        dict(
+            os.environ,
+            DJANGO_SETTINGS_MODULE="testproject.settings",
+            DATABASE_URL=database,
+            DEBUG="False",
+        )
     )
     from harness import internals
 
