@@ -63,11 +63,14 @@ def test_a_busy_worker_checks_every_second_not_only_at_its_rounds(caplog):
     """With these settings the heartbeat thread's rounds and lease
     extensions come every 15 s; the dead rows a busy worker leaves are
     checked every vacuum.CHECK_SECONDS between them."""
-    enqueue("test.sleep", {"seconds": 12})  # the worker stays busy meanwhile
+    # The worker stays busy meanwhile, with no transaction open (an atomic
+    # handler's would hold back the xmin horizon of every database on the
+    # server, and with it the ordered streams of tests running beside this).
+    enqueue("test.started", {"seconds": 12})
     with caplog.at_level(logging.INFO, logger="django_pgqueue.vacuum"):
         with running_worker(concurrency=1, poll_interval=0.1):
             wait_until(
-                lambda: Message.objects.filter(topic="test.sleep", status="processing").exists(),
+                lambda: Message.objects.filter(topic="test.started", status="processing").exists(),
                 message="the sleeping handler started",
             )
             time.sleep(0.5)  # past the round the worker ran as it became busy
