@@ -43,12 +43,10 @@ NUMBERS = (
     ("--settle", float, 90.0, "at the end, wait up to this long for an autovacuum, s"),
     ("--naptime", int, 60, "the cluster's autovacuum_naptime, s (PostgreSQL's default: 60)"),
     ("--tolerance", float, 0.10, "allowed end/start difference"),
+    ("--probe-pairs", int, 5, "claim probes of the soaked and the reference database, in turn"),
+    ("--rate-pairs", int, 3, "rounds through a fresh worker on each, in turn, at the end"),
 )
 SETTINGS = ("product", "postgres")
-# Probes of the soaked database and of the reference, in turn, at the start and the end.
-PAIRS = 5
-# Rounds through a worker on each, in turn, at the end.
-RATE_PAIRS = 3
 LISTENING_SQL = (
     "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND state = 'idle'"
 )
@@ -96,7 +94,8 @@ def parse_args(argv):
     unknown = set(args.table_settings) - set(SETTINGS)
     if unknown or not args.table_settings:
         parser.error(f"--table-settings: choose from {', '.join(SETTINGS)}")
-    if min(args.messages, args.rounds, args.chunk, args.claim_calls, args.claim_batch) < 1:
+    sizes = (args.messages, args.rounds, args.chunk, args.claim_calls, args.claim_batch)
+    if min(*sizes, args.probe_pairs, args.rate_pairs) < 1:
         parser.error("the sizes must be at least 1")
     if not 1 <= args.naptime <= 2147483:
         parser.error("--naptime must be 1 to 2147483 seconds")
@@ -149,14 +148,14 @@ def wait_for_autovacuum(count_before, timeout):
 
 def paired_probes(bench, args, soaked_url, reference_url):
     """The claim probe on the soaked database and on the reference (a
-    database of the same cluster that no worker ever used), in turn, PAIRS
-    times, the order alternating; each probe after a quiesce (no autovacuum
+    database of the same cluster that no worker ever used), in turn,
+    ``--probe-pairs`` times, the order alternating; each probe after a quiesce (no autovacuum
     running, a CHECKPOINT) and followed by a VACUUM of its table. The
     machine's speed drifts by far more than 10% over minutes: only a ratio
     to a reference measured in the same minutes tells what the churn left
     in the soaked table and its indexes."""
     pairs = []
-    for i in range(PAIRS):
+    for i in range(args.probe_pairs):
         order = [("soaked", soaked_url), ("reference", reference_url)]
         pair = {}
         for name, url in order if i % 2 == 0 else order[::-1]:
@@ -190,11 +189,11 @@ def start_worker(bench, name):
 
 def paired_rounds(bench, args, soaked_url, reference_url, messages):
     """A round of ``messages`` through a fresh worker on the soaked database
-    and on the reference, in turn, RATE_PAIRS times (the order alternating):
+    and on the reference, in turn, ``--rate-pairs`` times (the order alternating):
     the worker's rate at the end beside a table no worker churned, measured
     in the same minutes."""
     pairs = []
-    for i in range(RATE_PAIRS):
+    for i in range(args.rate_pairs):
         order = [("soaked", soaked_url), ("reference", reference_url)]
         pair = {}
         for name, url in order if i % 2 == 0 else order[::-1]:

@@ -66,7 +66,7 @@ def test_a_busy_worker_checks_every_second_not_only_at_its_rounds(caplog):
     # The worker stays busy meanwhile, with no transaction open (an atomic
     # handler's would hold back the xmin horizon of every database on the
     # server, and with it the ordered streams of tests running beside this).
-    enqueue("test.started", {"seconds": 12})
+    enqueue("test.started", {"seconds": 9})
     with caplog.at_level(logging.INFO, logger="django_pgqueue.vacuum"):
         with running_worker(concurrency=1, poll_interval=0.1):
             wait_until(
@@ -82,7 +82,7 @@ def test_a_busy_worker_checks_every_second_not_only_at_its_rounds(caplog):
                 cursor.execute("SELECT 1")
             wait_until(
                 lambda: vacuum_count() > before,
-                timeout=8,
+                timeout=7,
                 message="a vacuum before the next round (15 s)",
             )
     assert f"vacuumed {TABLE} (" in caplog.text
