@@ -38,7 +38,7 @@ def test_short_soak_gets_every_message_through(tmp_path):
             "--naptime",
             "1",
             "--probe-pairs",
-            "2",
+            "1",
             "--rate-pairs",
             "1",
             "--table-settings",
@@ -67,7 +67,7 @@ def test_short_soak_gets_every_message_through(tmp_path):
         # The claim beside a never-used database's, in turn: the ratio the
         # check reads.
         pairs = run[when]["pairs"]
-        assert len(pairs) == 2
+        assert len(pairs) == 1
         for pair in pairs:
             assert pair["soaked"]["calls"] == pair["reference"]["calls"] == 5
             assert pair["reference"]["quiesced_s"] is not None
