@@ -63,13 +63,15 @@ def test_a_done_message_is_kept_with_its_times_and_worker(topic):
 
 
 def test_retried_then_done_counts_the_retry_and_keeps_one_row_with_both_attempts():
-    message = enqueue("test.fail", {"raise": "ConnectionError", "times": 1})
+    # Retry(after=0.1): a fixed wait (the handler's backoff has full jitter,
+    # which may draw next to nothing).
+    message = enqueue("test.fail", {"times": 1, "after": 0.1})
     run_until_empty()
     rows = list(FinishedMessage.objects.filter(message_id=message.pk))
     assert len(rows) == 1
     row = rows[0]
     assert (row.outcome, row.attempts) == (Outcome.DONE, 2)
-    # Started is the claim of the last run, after the first run's backoff.
+    # Started is the claim of the last run, after the first run's wait.
     assert row.started_at - row.enqueued_at >= datetime.timedelta(seconds=0.05)
     assert counts() == {("default", "retried"): 1, ("default", "done"): 1}
 
