@@ -146,6 +146,15 @@ def wait_for_autovacuum(count_before, timeout):
     return None
 
 
+def in_turn(bench, i, soaked_url, reference_url):
+    """ "soaked" and "reference" in pair ``i``'s order (alternating from one
+    pair to the next), each yielded once the bench points at its database."""
+    order = [("soaked", soaked_url), ("reference", reference_url)]
+    for name, url in order if i % 2 == 0 else order[::-1]:
+        use_database(bench, url)
+        yield name
+
+
 def paired_probes(bench, args, soaked_url, reference_url):
     """The claim probe on the soaked database and on the reference (a
     database of the same cluster that no worker ever used), in turn,
@@ -156,10 +165,8 @@ def paired_probes(bench, args, soaked_url, reference_url):
     in the soaked table and its indexes."""
     pairs = []
     for i in range(args.probe_pairs):
-        order = [("soaked", soaked_url), ("reference", reference_url)]
         pair = {}
-        for name, url in order if i % 2 == 0 else order[::-1]:
-            use_database(bench, url)
+        for name in in_turn(bench, i, soaked_url, reference_url):
             pair[name] = claim_probe(args.claim_calls, args.claim_batch, quiet=True)
             db.execute(f"VACUUM {db.MESSAGE_TABLE}")
         pairs.append(pair)
@@ -194,10 +201,8 @@ def paired_rounds(bench, args, soaked_url, reference_url, messages):
     in the same minutes."""
     pairs = []
     for i in range(args.rate_pairs):
-        order = [("soaked", soaked_url), ("reference", reference_url)]
         pair = {}
-        for name, url in order if i % 2 == 0 else order[::-1]:
-            use_database(bench, url)
+        for name in in_turn(bench, i, soaked_url, reference_url):
             worker = start_worker(bench, f"soak-rate-{name}-{i}")
             started = time.perf_counter()
             feed_round(1, messages, args.chunk, worker)

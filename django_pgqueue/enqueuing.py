@@ -188,9 +188,12 @@ def _enqueue_one(row: Row, using: str | None) -> Message:
     cursor = prepared_cursor(connection)
     o = row.options
     if _is_plain(o):
-        cursor.execute(_one_sql(connection, PLAIN), [o.queue, o.topic, row.payload_json])
+        cursor.execute(
+            _one_sql(connection, INSERT_ONE_PLAIN_SQL), [o.queue, o.topic, row.payload_json]
+        )
     else:
-        cursor.execute(_one_sql(connection, o.dedup_key is not None), _insert_values(row))
+        template = INSERT_ONE_SQL if o.dedup_key is not None else INSERT_ONE_NO_DEDUP_SQL
+        cursor.execute(_one_sql(connection, template), _insert_values(row))
     returned = cursor.fetchone()
     if returned is None:  # an unfinished message holds the dedup_key
         _insert([message], [row], queue_alias, first_skipped=[0])
@@ -215,18 +218,14 @@ def _is_plain(o: Options) -> bool:
     )
 
 
-PLAIN = "plain"
-# INSERT_ONE_SQL (True: a dedup key), INSERT_ONE_NO_DEDUP_SQL (False) and
-# INSERT_ONE_PLAIN_SQL (PLAIN) for the table.
-_ONE_SQL: dict[bool | str, str] = {}
-_ONE_TEMPLATES = {True: INSERT_ONE_SQL, False: INSERT_ONE_NO_DEDUP_SQL, PLAIN: INSERT_ONE_PLAIN_SQL}
+_ONE_SQL: dict[str, str] = {}  # a one-message INSERT template -> its text for the table
 
 
-def _one_sql(connection: BaseDatabaseWrapper, form: bool | str) -> str:
-    sql = _ONE_SQL.get(form)
+def _one_sql(connection: BaseDatabaseWrapper, template: str) -> str:
+    sql = _ONE_SQL.get(template)
     if sql is None:
         table = connection.ops.quote_name(Message._meta.db_table)
-        sql = _ONE_SQL[form] = _ONE_TEMPLATES[form].format(table=table)
+        sql = _ONE_SQL[template] = template.format(table=table)
     return sql
 
 
@@ -320,7 +319,7 @@ def _send_insert(
     cursor: CursorWrapper
     if len(rows) == 1:
         # The statement one-message-per-transaction callers repeat: prepared.
-        sql = _one_sql(connection, dedup)
+        sql = _one_sql(connection, INSERT_ONE_SQL if dedup else INSERT_ONE_NO_DEDUP_SQL)
         params = _insert_values(rows[0])
         cursor = prepared_cursor(connection)
     else:

@@ -229,7 +229,7 @@ def test_a_message_with_every_option_at_its_default_is_stored_as_the_long_insert
 
     plain = enqueue("t.plain", {"n": 1})
     full = enqueue("t.plain", {"n": 1}, headers={"h": 1})  # not plain: every column bound
-    assert enqueuing._ONE_SQL[enqueuing.PLAIN].count("%s") == 3
+    assert enqueuing._ONE_SQL[enqueuing.INSERT_ONE_PLAIN_SQL].count("%s") == 3
     columns = [f.attname for f in Message._meta.concrete_fields]
     rows = {row["id"]: row for row in Message.objects.filter(topic="t.plain").values(*columns)}
     same = {"id", "headers", "created_at", "updated_at"}

@@ -488,6 +488,41 @@ def test_a_lone_handler_that_runs_no_query_is_acknowledged_alone(committed, ack_
     assert "lease lost before the commit" in caplog.text
 
 
+@override_settings(PGQUEUE={"LOCK_TIMEOUT": 0.3})
+def test_a_locked_row_under_an_acknowledgement_sent_alone_commits_none_of_it(
+    committed, ack_modes, caplog, unhurried_batches
+):
+    """The batch's acknowledgement, sent in autocommit, waits LOCK_TIMEOUT
+    for a row another client holds and fails: nothing of it committed. The
+    others run again one by one and are acknowledged; the locked one is
+    left to its lease, and runs and is acknowledged once the lock is gone."""
+    from demo import handlers
+
+    before = enqueue_many([{"payload": {"do": "nodb"}}] * 2, topic="test.batch")
+    locked = enqueue("test.batch", {"do": "nodb_lock"})
+    after = enqueue_many([{"payload": {"do": "nodb"}}] * 2, topic="test.batch")
+    others = sorted(m.pk for m in before + after)
+    try:
+        with running_worker(
+            concurrency=1, batch_size=20, prefetch=20, poll_interval=0.1, lease_seconds=2
+        ):
+            wait_until(
+                lambda: list(Message.objects.values_list("pk", flat=True)) == [locked.pk],
+                message="the others acknowledged, the locked one left",
+            )
+            assert ack_modes[0] == (5, True), ack_modes
+            assert sorted(committed) == others, "the others' callbacks once, after their acks"
+            handlers.ROW_LOCKS.pop(locked.pk).close()  # rolls back: the lock is gone
+            wait_until(lambda: not Message.objects.exists(), message="the locked one, later")
+    finally:
+        for other in handlers.ROW_LOCKS.values():
+            other.close()
+        handlers.ROW_LOCKS.clear()
+    assert "waited too long for a row lock" in caplog.text
+    assert sorted(committed) == sorted([*others, locked.pk])
+    assert not DeadLetter.objects.exists()
+
+
 def test_a_shared_transaction_opens_at_most_fifty_savepoints(
     committed, ack_modes, unhurried_batches
 ):

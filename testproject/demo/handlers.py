@@ -123,6 +123,9 @@ async def test_async_batch(message):
 
 # Atomic batches (several handlers share a transaction): what each one leaves.
 COMMITTED = []  # message ids whose on_commit callback ran (in-process tests)
+# Other clients' connections holding a message's row FOR UPDATE ("nodb_lock"
+# below), by message id; the test that asked closes them.
+ROW_LOCKS = {}
 
 
 @handler("test.batch", backoff_base=0.05, backoff_cap=0.1)
@@ -134,7 +137,9 @@ def test_batch(message):
 
     Before any query: "nodb" only registers the callback; "fail_early"
     registers it and raises; "nodb_steal" registers it and takes its own
-    lease away without a query on the worker's connection; "raw_swallow"
+    lease away without a query on the worker's connection; "nodb_lock"
+    registers it and, on its first attempt, has another client lock its row
+    (ROW_LOCKS) without a query on the worker's connection; "raw_swallow"
     breaks the transaction through
     the driver's connection (around Django) and swallows the error, and
     "raw_swallow_then_write" then also records (all on the first attempt)."""
@@ -142,12 +147,18 @@ def test_batch(message):
 
     action = message.payload.get("do")
     first = message.attempts == 1
-    if action in ("nodb", "fail_early", "nodb_steal"):
+    if action in ("nodb", "fail_early", "nodb_steal", "nodb_lock"):
         transaction.on_commit(lambda: COMMITTED.append(message.pk))
         if action == "fail_early" and first:
             raise RuntimeError("failed before any query")
         if action == "nodb_steal":
             steal_lease(message)
+        if action == "nodb_lock" and first and message.pk not in ROW_LOCKS:
+            other = other_client()
+            other.execute(
+                "SELECT 1 FROM django_pgqueue_message WHERE id = %s FOR UPDATE", [message.pk]
+            )
+            ROW_LOCKS[message.pk] = other
         return
     if action in ("raw_swallow", "raw_swallow_then_write") and first:
         try:
@@ -172,16 +183,21 @@ def test_batch(message):
         time.sleep(message.payload["seconds"])
 
 
-def steal_lease(message):
-    """Give ``message``'s row another lease token (as a rescue and another
-    worker's claim would), from a connection of its own."""
+def other_client(autocommit=False):
+    """A psycopg connection of its own to the queue's database."""
     import psycopg
     from django.db import connection
 
     params = connection.get_connection_params()
     params.pop("cursor_factory", None)
     params.pop("context", None)
-    with psycopg.connect(**params, autocommit=True) as other:
+    return psycopg.connect(**params, autocommit=autocommit)
+
+
+def steal_lease(message):
+    """Give ``message``'s row another lease token (as a rescue and another
+    worker's claim would), from a connection of its own."""
+    with other_client(autocommit=True) as other:
         other.execute(
             "UPDATE django_pgqueue_message SET lease_token = gen_random_uuid() WHERE id = %s",
             [message.pk],
