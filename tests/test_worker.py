@@ -523,6 +523,41 @@ def test_a_locked_row_under_an_acknowledgement_sent_alone_commits_none_of_it(
     assert not DeadLetter.objects.exists()
 
 
+def test_a_connection_lost_under_an_acknowledgement_sent_alone_loses_nothing(
+    committed, caplog, monkeypatch, unhurried_batches
+):
+    """The server ends the worker's connection as the batch's acknowledgement
+    (in autocommit) is sent: nothing of it committed, the connection is
+    replaced, and the messages come back with their expired leases and are
+    acknowledged, each on_commit callback once."""
+    from demo import handlers
+
+    from django_pgqueue import lifecycle
+
+    real = lifecycle.ack_leased
+    cut = []
+
+    def cut_first(messages):
+        if not cut:
+            cut.append(len(messages))
+            pid = connections["default"].connection.info.backend_pid
+            with handlers.other_client(autocommit=True) as other:
+                other.execute("SELECT pg_terminate_backend(%s)", [pid])
+        return real(messages)
+
+    monkeypatch.setattr(lifecycle, "ack_leased", cut_first)
+    messages = enqueue_many([{"payload": {"do": "nodb"}}] * 5, topic="test.batch")
+    with running_worker(
+        concurrency=1, batch_size=20, prefetch=20, poll_interval=0.1, lease_seconds=2
+    ) as worker:
+        wait_until(lambda: not Message.objects.exists(), message="every message, later")
+        assert worker  # still running: the stop below must be clean
+    assert cut == [5]
+    assert "could not commit" in caplog.text
+    assert sorted(committed) == sorted(m.pk for m in messages), "each callback once"
+    assert not DeadLetter.objects.exists()
+
+
 def test_a_shared_transaction_opens_at_most_fifty_savepoints(
     committed, ack_modes, unhurried_batches
 ):
