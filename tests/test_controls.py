@@ -404,8 +404,13 @@ def test_cancel_requested_is_false_outside_a_handler():
 @pytest.mark.parametrize("ignore", [False, True])
 def test_a_handler_told_mid_run_stops_and_ends_cancelled_or_finishes(ignore, cancelled_signals):
     message = enqueue("test.cancellable", {"seconds": 10, "ignore": ignore})
-    with running_worker(concurrency=2, poll_interval=30):
-        wait_until(lambda: M.objects.filter(pk=message.pk, status=Status.PROCESSING).exists())
+    with running_worker(concurrency=2, poll_interval=30) as worker:
+        # Running, not only claimed: told before its thread starts it, a
+        # message ends cancelled without running (a loaded machine showed it).
+        wait_until(
+            lambda: any(job.started is not None for job in worker._ledger.leased()),
+            message="the handler started",
+        )
         cancel([message])
         if ignore:
             wait_until(lambda: not M.objects.filter(pk=message.pk).exists(), timeout=20)
