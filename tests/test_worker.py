@@ -573,7 +573,7 @@ def test_a_shared_transaction_opens_at_most_fifty_savepoints(
 
 
 def test_a_lease_lost_in_a_batch_acknowledged_alone_loses_only_that_message(
-    committed, ack_modes, caplog
+    committed, ack_modes, caplog, unhurried_batches
 ):
     """The acknowledgement committed alone, with no write to undo: the others
     are done (run once, callbacks once), the one that lost its lease keeps
