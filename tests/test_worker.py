@@ -51,6 +51,57 @@ def test_a_burst_worker_exits_as_soon_as_its_acknowledgements_are_flushed():
     assert time.monotonic() - started < 30, "the worker waited for its poll to exit"
 
 
+def test_a_burst_worker_does_not_exit_on_a_probe_older_than_a_retry(monkeypatch):
+    """A probe that reads the queue while a handler still runs is stale once
+    that handler has recorded a retry due at once: the burst worker must not
+    exit on it. The probe here returns only after the handler's run has
+    ended (its retry committed), which is the window a loaded machine opens
+    by chance; the retried message is then run again, and the worker exits
+    once it is done."""
+    from django_pgqueue import Retry, liveness
+    from django_pgqueue.worker.executor import Executor
+
+    runs = []
+    ended = threading.Event()
+
+    @handler("test.retry_once_at_once", atomic=False)
+    def retry_once_at_once(message):
+        runs.append(message.attempts)
+        if message.attempts == 1:
+            started.set()
+            assert probed.wait(10), "the worker's probe did not run during the handler"
+            raise Retry("once more, at once", after=0)
+
+    started, probed = threading.Event(), threading.Event()
+    real_probe = liveness.probe
+
+    def probe_that_reads_during_the_run(*args, **kwargs):
+        found = real_probe(*args, **kwargs)
+        if started.is_set() and not probed.is_set():
+            probed.set()  # read while the handler runs: the message is processing
+            # Return once the handler's run has ended (its retry committed).
+            wait_until(ended.is_set, timeout=10, message="the first run to end")
+        return found
+
+    real_finished = Executor.finished
+
+    def finished(self, job, outcome):
+        real_finished(self, job, outcome)
+        if job.message.attempts == 1:
+            ended.set()
+
+    monkeypatch.setattr(liveness, "probe", probe_that_reads_during_the_run)
+    monkeypatch.setattr(Executor, "finished", finished)
+    try:
+        message = enqueue("test.retry_once_at_once", {})
+        Worker(concurrency=2, burst=True, poll_interval=60).run()
+    finally:
+        registry.unregister("test.retry_once_at_once")
+    assert probed.is_set(), "the probe never ran while the handler did: the test proves nothing"
+    assert runs == [1, 2], f"the retry due at once was not run before the worker exited: {runs}"
+    assert not Message.objects.filter(pk=message.pk).exists()
+
+
 @pytest.fixture
 def failing_acknowledgements():
     """The first ``count`` acknowledgements sent one way fail with a real

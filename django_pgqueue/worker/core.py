@@ -267,10 +267,14 @@ class Worker:
                     probe = probe or got < asked
                 if probe:
                     probe = False
+                    # --burst exits only on a probe that began with no handler
+                    # running: one that ran beside a handler can predate the
+                    # retry it records, due at once.
+                    idle = not ledger.busy()
                     found = self._probe()
                     if found.ready or found.groups_released:
                         ready = True
-                    elif config.burst and not ledger.busy() and self._streams_caught_up():
+                    elif config.burst and idle and self._streams_caught_up():
                         if self._controls.next_unblock() == math.inf:  # (no rate's window)
                             break
                     until_due = found.seconds_until_due()
