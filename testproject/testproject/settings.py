@@ -79,6 +79,17 @@ for _database in DATABASES.values():
     if _disable_server_side_cursors:
         _database["DISABLE_SERVER_SIDE_CURSORS"] = True
 
+# Test databases of their own names per test run that sets
+# PGQUEUE_TEST_DATABASE_SUFFIX (tox sets it to the environment's name), so
+# that the tox environments run side by side on one server: test_pgqueue_
+# py311_dj52_gw0, ... (pytest-xdist adds the _gw0; PostgreSQL keeps names
+# up to 63 characters).
+_test_suffix = env.str("PGQUEUE_TEST_DATABASE_SUFFIX", default="")
+if _test_suffix:
+    _test_suffix = "".join(c if c.isalnum() else "_" for c in _test_suffix.lower())
+    for _database in DATABASES.values():
+        _database.setdefault("TEST", {})["NAME"] = f"test_{_database['NAME']}_{_test_suffix}"
+
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 LANGUAGE_CODE = "en-us"
