@@ -7,6 +7,7 @@ creates the test databases (test_<name>) for both aliases and migrates them.
 import contextlib
 import threading
 import time
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -43,6 +44,37 @@ PROCESS_LEVEL_MODULES = frozenset(
         "tests.test_chaos",
     }
 )
+
+
+DOCS_IMAGES = Path(__file__).resolve().parent.parent / "docs" / "images"
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--docs-images",
+        action="store_true",
+        help="write the screenshots that the documentation shows into docs/images/ "
+        "(tests/test_tutorial_screens.py, tests/test_overview_browser.py); without it "
+        "every screenshot goes to a temporary folder and the tree stays as it was",
+    )
+
+
+@pytest.fixture
+def screenshots(request, tmp_path_factory):
+    """The folder a browser test writes its screenshots to: a temporary one
+    (pytest's, kept for the last few runs: the path is in the failure's
+    report), or, for the documentation's own images and only when the run
+    asks for them with --docs-images, ``docs/images/<docs_folder>``. So a
+    run of the suite leaves the tree as it found it."""
+
+    def folder(docs_folder=None):
+        if docs_folder is not None and request.config.getoption("--docs-images"):
+            path = DOCS_IMAGES / docs_folder
+            path.mkdir(parents=True, exist_ok=True)
+            return path
+        return tmp_path_factory.mktemp("screenshots")
+
+    return folder
 
 
 def pytest_collection_modifyitems(items):
@@ -199,8 +231,12 @@ def listener(transactional_db):
         yield Listener(conn)
 
 
-def wait_until(predicate, timeout=10.0, interval=0.02, message="condition"):
-    """Poll ``predicate`` until it is true; fail with ``message`` after ``timeout``."""
+def wait_until(predicate, timeout=60.0, interval=0.02, message="condition"):
+    """Poll ``predicate`` until it is true; fail with ``message`` after
+    ``timeout``. The bound stops a broken test, nothing more: far above the
+    normal case (a loaded machine runs a process-level step ten times
+    slower), and only shorter where the test asserts that something comes
+    before something else that is slower still (a poll of 120 s, say)."""
     deadline = time.monotonic() + timeout
     while True:
         result = predicate()

@@ -1,8 +1,8 @@
 """The dead-letter admin in a real browser: Chromium driven by Playwright
 against pytest-django's ``live_server``. Log in, filter by category, "Set
 category…" through its intermediate page, "Revive", then the summary page.
-Screenshots go to ``test-results/`` (git-ignored): ``deadletters.png`` and
-``summary.png``.
+Screenshots go to a temporary folder (the ``screenshots`` fixture):
+``deadletters.png``, ``summary.png`` and ``subscriptions.png``.
 
 Chromium is the system's (``chromium`` on PATH, e.g. Debian's package);
 Playwright never downloads a browser here. A missing Chromium fails the test
@@ -16,7 +16,6 @@ The live server answers the browser from its own thread, so it is unaffected.
 
 import datetime
 import shutil
-from pathlib import Path
 
 import pytest
 from django.utils import timezone
@@ -25,7 +24,6 @@ from django_pgqueue.models import Category, DeadLetter, DeadLetterState, Message
 
 pytestmark = pytest.mark.browser
 
-RESULTS = Path(__file__).resolve().parent.parent / "test-results"
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -68,7 +66,9 @@ def dead_letter(message_id, topic, category, **fields):
     )
 
 
-def test_triage_a_dead_letter_in_the_browser(live_server, django_user_model, make_message):
+def test_triage_a_dead_letter_in_the_browser(
+    live_server, django_user_model, make_message, screenshots
+):
     django_user_model.objects.create_superuser("admin", "admin@example.com", "s3cret-pass")
     for n in range(3):
         dead_letter(100 + n, "orders.created", Category.TRANSIENT)
@@ -79,7 +79,7 @@ def test_triage_a_dead_letter_in_the_browser(live_server, django_user_model, mak
     for _ in range(2):
         make_message(topic="orders.created", run_at=ago)
     make_message(topic="mail.send", queue="mail", run_at=ago + datetime.timedelta(minutes=2))
-    RESULTS.mkdir(exist_ok=True)
+    results = screenshots()
     base = live_server.url
 
     with sync_playwright() as p:
@@ -127,7 +127,7 @@ def test_triage_a_dead_letter_in_the_browser(live_server, django_user_model, mak
             assert "Revived 1, skipped 0." in page.locator("ul.messagelist").inner_text()
 
             page.goto(f"{base}/admin/django_pgqueue/deadletter/")
-            page.screenshot(path=str(RESULTS / "deadletters.png"), full_page=True)
+            page.screenshot(path=str(results / "deadletters.png"), full_page=True)
 
             # The summary, through the changelist's link.
             page.click("a.pgqueue-summary-link")
@@ -139,7 +139,7 @@ def test_triage_a_dead_letter_in_the_browser(live_server, django_user_model, mak
             depth = page.locator("#pgqueue-depth").inner_text()
             assert "default\t3\t0\t0\t0\t0\t4m" in depth, depth  # 2 fabricated + 1 revived
             assert page.locator(".pgqueue-bars .bar").count() == len(Category.values)
-            page.screenshot(path=str(RESULTS / "summary.png"), full_page=True)
+            page.screenshot(path=str(results / "summary.png"), full_page=True)
         finally:
             browser.close()
 
@@ -156,10 +156,10 @@ def test_triage_a_dead_letter_in_the_browser(live_server, django_user_model, mak
     ), "the revived dead letter is not back in the queue"
     assert DeadLetter.objects.filter(state=DeadLetterState.NEW).count() == 4
     for name in ("deadletters.png", "summary.png"):
-        assert (RESULTS / name).stat().st_size > 10_000, f"{name} looks empty"
+        assert (results / name).stat().st_size > 10_000, f"{name} looks empty"
 
 
-def test_reset_a_blocked_subscription_in_the_browser(live_server, django_user_model):
+def test_reset_a_blocked_subscription_in_the_browser(live_server, django_user_model, screenshots):
     """Subscriptions in the browser: the list shows the blocked one with its
     lag; "Reset the checkpoint…" asks for a position on its confirmation
     page, refuses one that names no stored event with the reason, then
@@ -179,7 +179,7 @@ def test_reset_a_blocked_subscription_in_the_browser(live_server, django_user_mo
         failing_position=events[1].position,
         last_error="KeyError: 'status'",
     )
-    RESULTS.mkdir(exist_ok=True)
+    results = screenshots()
     base = live_server.url
     missing = events[-1].position + 1000
 
@@ -196,7 +196,7 @@ def test_reset_a_blocked_subscription_in_the_browser(live_server, django_user_mo
             row = page.locator("#result_list tbody tr", has_text="search.orders")
             assert "blocked" in row.inner_text().lower(), row.inner_text()
             assert "KeyError" in row.inner_text()
-            page.screenshot(path=str(RESULTS / "subscriptions.png"), full_page=True)
+            page.screenshot(path=str(results / "subscriptions.png"), full_page=True)
 
             page.check(f"input.action-select[value='{blocked.pk}']")
             page.select_option("select[name=action]", "reset_checkpoint")

@@ -2,7 +2,8 @@
 by Playwright against pytest-django's ``live_server``. The charts are
 drawn, named for assistive technology, their numbers are in tables; the
 page reads without JavaScript and refreshes in place with it. Its
-screenshot is the documentation's (docs/images/overview.png).
+screenshot is the documentation's (docs/images/overview.png, written there
+only by a run with --docs-images: docs/howto/contributing.rst).
 
 As in test_browser.py, the database is touched only before the browser
 starts and after it closed (Playwright's sync API runs an event loop in
@@ -10,7 +11,6 @@ this thread, where Django refuses ORM calls).
 """
 
 import datetime
-from pathlib import Path
 
 import pytest
 from django.utils import timezone
@@ -23,7 +23,6 @@ from .test_browser import CHROMIUM_ARGS, TIMEOUT_MS, chromium_path, sync_playwri
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-DOCS_IMAGE = Path(__file__).resolve().parent.parent / "docs" / "images" / "overview.png"
 
 
 def fabricate_counts(now):
@@ -45,7 +44,7 @@ def fabricate_counts(now):
     OutcomeCount.objects.bulk_create(rows)
 
 
-def test_the_queue_overview_in_the_browser(live_server, django_user_model):
+def test_the_queue_overview_in_the_browser(live_server, django_user_model, screenshots):
     django_user_model.objects.create_superuser("admin", "admin@example.com", "s3cret-pass")
     now = timezone.now()
     fabricate_counts(now)
@@ -58,7 +57,7 @@ def test_the_queue_overview_in_the_browser(live_server, django_user_model):
     for n in range(4):
         enqueue("test.record", {"n": n}, queue="mail")  # ready, waiting for a worker
     enqueue("test.record", {"later": True}, delay=3600)
-    DOCS_IMAGE.parent.mkdir(parents=True, exist_ok=True)
+    image = screenshots(docs_folder="") / "overview.png"
     base = live_server.url
     url = f"{base}/admin/django_pgqueue/finishedmessage/overview/"
 
@@ -89,7 +88,7 @@ def test_the_queue_overview_in_the_browser(live_server, django_user_model):
             assert total.bounding_box()["height"] > 100, "the chart is not drawn"
             minute_bars = page.locator("svg#total-minutes rect.bar-dead_lettered")
             assert minute_bars.count() >= 1
-            page.screenshot(path=str(DOCS_IMAGE), full_page=False)
+            page.screenshot(path=str(image), full_page=False)
             # The numbers, as a table behind each chart.
             details = page.locator("details", has_text="All queues: per minute").first
             details.locator("summary").click()
@@ -124,4 +123,4 @@ def test_the_queue_overview_in_the_browser(live_server, django_user_model):
             bare.close()
         finally:
             browser.close()
-    assert DOCS_IMAGE.stat().st_size > 20_000, "the screenshot looks empty"
+    assert image.stat().st_size > 20_000, "the screenshot looks empty"

@@ -6,7 +6,8 @@ the messages are the tutorial's (Ada's welcome, then Grace's with a comma in
 the address); a real worker (``pgqueue_worker --burst``, as the tutorial's
 last step runs it) handles them. The admin steps are the tutorial's, in its
 order, each checked on the page before its screenshot is taken. The images
-go to docs/images/tutorial/ (committed, overwritten by each run), at a
+go to a temporary folder, or, in a run with --docs-images (the command is in
+docs/howto/contributing.rst), to docs/images/tutorial/ (committed), at a
 viewport of 1200x800 so that they stay small.
 
 Chromium is the system's, as in tests/test_browser.py (whose helpers this
@@ -35,7 +36,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
 TUTORIAL = ROOT / "docs" / "tutorial" / "index.rst"
-IMAGES = ROOT / "docs" / "images" / "tutorial"
 VIEWPORT = {"width": 1200, "height": 800}
 
 TOPIC = "shop.welcome"
@@ -118,12 +118,12 @@ def log_in(page, base, next_url):
     page.wait_for_url(f"**{next_url}")
 
 
-def shot(page, name, locator=None, height=None, down_to=None):
+def shot(page, path, locator=None, height=None, down_to=None):
     """The viewport; or its top ``height`` pixels; or only ``locator``'s box;
     or the page from its top down to the bottom of ``down_to`` (a field that
     Django 6.1's taller form rows push below the viewport), at most 1,400
     pixels."""
-    path = str(IMAGES / name)
+    path = str(path)
     if down_to is not None:
         box = down_to.bounding_box()
         height = min(int(box["y"] + box["height"]) + 16, 1400)
@@ -146,9 +146,9 @@ def run_action(page, dead, action):
     page.click("button[name=index]")
 
 
-def test_tutorial_screens(live_server, django_user_model, mailoutbox, shop_welcome):
+def test_tutorial_screens(live_server, django_user_model, mailoutbox, shop_welcome, screenshots):
     django_user_model.objects.create_superuser("admin", "admin@example.com", PASSWORD)
-    IMAGES.mkdir(parents=True, exist_ok=True)
+    images = screenshots(docs_folder="tutorial")
     base = live_server.url
 
     # "Enqueue a message", "Run the worker", "A first failure".
@@ -176,7 +176,7 @@ def test_tutorial_screens(live_server, django_user_model, mailoutbox, shop_welco
         assert section.locator("caption").text_content().strip() == "Message queue"
         for model in ("Dead letters", "Messages", "Workers"):
             assert section.get_by_role("link", name=model, exact=True).count() == 1, model
-        shot(page, "admin-index.png", down_to=section)
+        shot(page, images / "admin-index.png", down_to=section)
 
         # The list: one new business dead letter.
         section.get_by_role("link", name="Dead letters", exact=True).click()
@@ -185,7 +185,7 @@ def test_tutorial_screens(live_server, django_user_model, mailoutbox, shop_welco
         row = row_of(page, dead).inner_text().lower()
         for word in (TOPIC, "business", "new", "enter a valid email address"):
             assert word in row, (word, row)
-        shot(page, "deadletters.png")
+        shot(page, images / "deadletters.png")
 
         # One dead letter: reason, traceback, payload.
         row_of(page, dead).get_by_role("link", name=str(dead.pk), exact=True).click()
@@ -194,7 +194,7 @@ def test_tutorial_screens(live_server, django_user_model, mailoutbox, shop_welco
         traceback = page.locator(".field-traceback_full").inner_text()
         assert "validate_email(address)" in traceback, traceback
         assert "grace@example,com" in page.input_value("textarea[name=payload]")
-        shot(page, "deadletter.png", down_to=page.locator(".field-traceback_full"))
+        shot(page, images / "deadletter.png", down_to=page.locator(".field-traceback_full"))
 
         # The category: Set category… with a note.
         page.goto(f"{base}/admin/django_pgqueue/deadletter/")
@@ -204,7 +204,7 @@ def test_tutorial_screens(live_server, django_user_model, mailoutbox, shop_welco
         page.select_option("select[name=category]", "permanent")
         page.fill("input[name=note]", NOTE)
         page.press("input[name=note]", "Home")  # the note's start, in the image
-        shot(page, "set-category.png", height=400)
+        shot(page, images / "set-category.png", height=400)
         page.click("input[type=submit][value='Set category']")
         page.wait_for_selector("ul.messagelist")
         assert "Categorized 1, skipped 0." in page.locator("ul.messagelist").inner_text()
@@ -214,7 +214,7 @@ def test_tutorial_screens(live_server, django_user_model, mailoutbox, shop_welco
         page.goto(f"{base}/admin/django_pgqueue/deadletter/{dead.pk}/change/")
         payload = page.locator("textarea[name=payload]")
         payload.fill(payload.input_value().replace("grace@example,com", "grace@example.com"))
-        shot(page, "fix-payload.png", page.locator(".field-payload"))
+        shot(page, images / "fix-payload.png", page.locator(".field-payload"))
         page.click("input[name=_save]")
         page.wait_for_selector("ul.messagelist")
         assert "was changed successfully" in page.locator("ul.messagelist").inner_text()
@@ -225,7 +225,7 @@ def test_tutorial_screens(live_server, django_user_model, mailoutbox, shop_welco
         assert "Revived 1, skipped 0." in page.locator("ul.messagelist").inner_text()
         row = row_of(page, dead).inner_text().lower()
         assert "revived" in row and "permanent" in row, row
-        shot(page, "revived.png")
+        shot(page, images / "revived.png")
 
     # The revived message is back in the queue with the corrected payload,
     # and the worker handles it.
@@ -259,7 +259,7 @@ def test_tutorial_screens(live_server, django_user_model, mailoutbox, shop_welco
         content = page.locator("#content-main").inner_text()
         assert "Dead letters: 1" in content, content
         assert "The queue is empty." in content, content
-        shot(page, "summary.png", height=580)
+        shot(page, images / "summary.png", height=580)
 
     for name in (
         "admin-index.png",
@@ -270,4 +270,4 @@ def test_tutorial_screens(live_server, django_user_model, mailoutbox, shop_welco
         "revived.png",
         "summary.png",
     ):
-        assert (IMAGES / name).stat().st_size > 5_000, f"{name} looks empty"
+        assert (images / name).stat().st_size > 5_000, f"{name} looks empty"
