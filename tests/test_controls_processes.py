@@ -108,7 +108,7 @@ def test_pause_stops_every_worker_within_a_second_and_resume_restarts_them(start
         resumed_at = timezone.now()
         wait_until(
             lambda: any(t > resumed_at for t in starts(paused_ids).values()),
-            timeout=10,
+            timeout=60,
             message="queue a to be claimed from again",
         )
     finally:
@@ -152,23 +152,28 @@ def test_a_global_concurrency_limit_is_never_exceeded_and_is_reached(start_worke
     assert at_three >= 10, "the limit of 3 was hardly reached"
 
 
-def test_a_global_rate_starts_200_in_10_seconds_at_20_per_second(start_worker):
+def test_a_global_rate_starts_200_in_5_seconds_at_40_per_second(start_worker):
     ids = [m.pk for m in enqueue_many([{"payload": {}}] * 400,
                                       topic="test.started", queue="mail")]  # fmt: skip
     start_four(
         start_worker, "--queues", "mail", "--concurrency", "4",
-        pgqueue={"QUEUES": {"mail": {"rate": "20/s"}}},
+        pgqueue={"QUEUES": {"mail": {"rate": "40/s"}}},
     )  # fmt: skip
     first = wait_until(lambda: min(starts(ids).values(), default=None), timeout=60)
-    while (timezone.now() - first).total_seconds() < 10.5:
-        time.sleep(0.2)
-    window = [t for t in starts(ids).values() if (t - first).total_seconds() < 10]
+    # The window is over once a start comes after it, or the clock passed it
+    # (a loaded machine may start nothing for a while: that is a slower rate).
+    wait_until(
+        lambda: (timezone.now() - first).total_seconds() >= 5.5,
+        interval=0.2,
+        message="the end of the 5 s window",
+    )
+    window = [t for t in starts(ids).values() if (t - first).total_seconds() < 5]
     per_second = [
         sum(1 for t in window if second <= (t - first).total_seconds() < second + 1)
-        for second in range(10)
+        for second in range(5)
     ]
-    print(f"rate 20/s: {len(window)} started in the first 10 s; per second {per_second}")
-    assert 180 <= len(window) <= 220, f"20/s for 10 s starts 200 +- 10%, not {len(window)}"
+    print(f"rate 40/s: {len(window)} started in the first 5 s; per second {per_second}")
+    assert 180 <= len(window) <= 220, f"40/s for 5 s starts 200 +- 10%, not {len(window)}"
 
 
 def test_a_running_message_cancelled_mid_handler_ends_cancelled_and_never_runs_again(
@@ -187,7 +192,7 @@ def test_a_running_message_cancelled_mid_handler_ends_cancelled_and_never_runs_a
     assert result.requested == 1
     wait_until(
         lambda: Message.objects.filter(pk=message.pk, status=Status.CANCELLED).exists(),
-        timeout=10,
+        timeout=60,
         interval=0.01,
         message="the run to end cancelled",
     )

@@ -135,7 +135,7 @@ def test_the_limits_bound_the_workers_statements_and_not_its_handlers(
     # sent in it, after the handlers); the others are acknowledged in batches.
     enqueue_many([{"topic": "test.limits.atomic"}] * 12 + [{"topic": "test.limits.nonatomic"}] * 12)
     with running_worker(concurrency=2, batch_size=6, poll_interval=0.2):
-        wait_until(lambda: not Message.objects.exists(), timeout=20, message="all handled")
+        wait_until(lambda: not Message.objects.exists(), timeout=60, message="all handled")
     assert len(SEEN) == 24
     assert {(lock, statement) for _, lock, statement in SEEN} == {session}, (
         "a handler ran under the worker's limits instead of its session's own settings"
@@ -159,7 +159,7 @@ def test_the_limits_bound_the_workers_statements_and_not_its_handlers(
 def test_none_leaves_the_sessions_settings(statement_log):
     enqueue_many([{"topic": "test.record_nonatomic"}] * 5)
     with running_worker(concurrency=1, poll_interval=0.2):
-        wait_until(lambda: not Message.objects.exists(), timeout=20, message="all handled")
+        wait_until(lambda: not Message.objects.exists(), timeout=60, message="all handled")
     with raw_connection(autocommit=True) as conn:
         seen = set(conn.execute("SELECT op, lock, statement FROM test_limits_seen"))
     assert {(lock, statement) for _, lock, statement in seen} == {("0", "0")}, seen
@@ -275,19 +275,19 @@ def test_a_locked_row_defers_its_acknowledgement_not_the_others(
             LOCKED.set()
             wait_until(
                 lambda: "acknowledgement deferred" in caplog.text,
-                timeout=20,
+                timeout=60,
                 message="the acknowledgement to skip the locked row",
             )
             others = [m.pk for m in enqueue_many([{"topic": "test.record_nonatomic"}] * 40)]
             wait_until(
                 lambda: not Message.objects.filter(pk__in=others).exists(),
-                timeout=20,
+                timeout=60,
                 message="the others to be handled and acknowledged",
             )
             assert Message.objects.filter(pk=waiting.pk, status=Status.PROCESSING).exists()
         finally:
             locker.close()
-        wait_until(lambda: not Message.objects.exists(), timeout=20, message="the last ack")
+        wait_until(lambda: not Message.objects.exists(), timeout=60, message="the last ack")
     assert handled_counts() == {pk: 1 for pk in others}
     assert "lease lost" not in caplog.text
     assert not DeadLetter.objects.exists()

@@ -210,7 +210,7 @@ def test_health_goes_503_when_the_worker_is_stopped_or_killed(start_worker, clie
     settings = {"HEARTBEAT_INTERVAL": 0.3}
     args = ("--poll-interval", "0.2", "--health-port", "0", "--http-host", "127.0.0.1")
     worker = start_worker(*args, pgqueue=settings)
-    wait_until(lambda: health(client)[0] == 200, timeout=20, message="a healthy system")
+    wait_until(lambda: health(client)[0] == 200, timeout=60, message="a healthy system")
     port = worker_port(worker, "health")
     status, body = http_get(f"http://127.0.0.1:{port}/health")
     assert status == 200, body
@@ -226,9 +226,9 @@ def test_health_goes_503_when_the_worker_is_stopped_or_killed(start_worker, clie
         urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2)
 
     worker = start_worker(*args, pgqueue=settings)
-    wait_until(lambda: health(client)[0] == 200, timeout=20, message="the new worker")
+    wait_until(lambda: health(client)[0] == 200, timeout=60, message="the new worker")
     worker.signal(signal.SIGKILL)  # dies: its row stays, and goes stale
-    worker.wait(timeout=10)
+    worker.wait(timeout=60)
     killed_at = time.monotonic()
     wait_until(lambda: health(client)[0] == 503, timeout=5, message="the heartbeat to go stale")
     assert time.monotonic() - killed_at <= 3 * 0.3 + 1
@@ -264,7 +264,7 @@ def test_a_worker_health_port_fails_while_its_database_is_unreachable():
                 assert (body["status"], body["database"]) == ("unhealthy", "unreachable")
             finally:
                 default.settings_dict["PORT"] = port
-            wait_until(lambda: http_get(url)[0] == 200, timeout=20, message="recovery")
+            wait_until(lambda: http_get(url)[0] == 200, timeout=60, message="recovery")
         finally:
             server.close()
         default.close()

@@ -329,7 +329,7 @@ def test_a_real_worker_handles_and_dead_letters_rows_with_infinite_timestamps(
     after = enqueue("test.record", {})
     wait_until(
         lambda: Handled.objects.filter(message_id=after.pk).exists(),
-        timeout=20,
+        timeout=60,
         message="the worker to handle the next message",
     )
     worker.signal(signal.SIGTERM)
@@ -349,7 +349,7 @@ def test_a_stream_event_published_at_infinity_is_delivered():
     spec = subscribers.lookup("test.ledger")
     wait_until(
         lambda: delivery.deliver(spec).outcome == delivery.DELIVERED,
-        timeout=10,
+        timeout=60,
         message="the delivery",
     )
     assert list(Handled.objects.values_list("message_id", flat=True)) == [position]

@@ -49,7 +49,7 @@ def worker_port(worker, kind):
     """The port a worker started with ``--<kind>-port 0`` logged."""
     pattern = re.compile(rf"{kind} on http://[^:]+:(\d+)/")
     found = wait_until(
-        lambda: pattern.search(worker.log()), timeout=20, message=f"the worker's {kind} port"
+        lambda: pattern.search(worker.log()), timeout=60, message=f"the worker's {kind} port"
     )
     return int(found.group(1))
 
@@ -128,7 +128,7 @@ def test_a_worker_counts_its_reconnects(start_worker):
         "--metrics-port", "0", "--http-host", "127.0.0.1", "--poll-interval", "0.2"
     )  # fmt: skip
     port = worker_port(worker, "metrics")
-    wait_until(lambda: lifecycle_rows(), timeout=20, message="the worker's heartbeat")
+    wait_until(lambda: lifecycle_rows(), timeout=60, message="the worker's heartbeat")
     with connections["default"].cursor() as cursor:
         cursor.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "

@@ -96,7 +96,7 @@ def test_a_real_worker_finishes_every_raw_row_and_keeps_working(start_worker):
     after = enqueue("test.record", {"after": "the poison"})
     wait_until(
         lambda: Handled.objects.filter(message_id=after.pk).exists(),
-        timeout=20,
+        timeout=60,
         message="the worker to handle the next message",
     )
     assert worker.popen.poll() is None, worker.log()
@@ -199,7 +199,7 @@ def test_misbehaving_handlers_end_in_a_clear_outcome_and_the_worker_goes_on(
         after = enqueue("test.record", {})
         wait_until(
             lambda: Handled.objects.filter(message_id=after.pk).exists(),
-            timeout=10,
+            timeout=60,
             message="the worker to handle the next message",
         )
     RELEASE.set()  # the blocked handlers return; their late results are discarded

@@ -607,7 +607,7 @@ def test_a_rounds_own_transaction_is_ended_by_the_server_should_it_idle():
 def test_a_running_worker_enqueues_each_tick_and_reports_its_scheduler():
     s = parse("live", {"every": 1, "topic": "test.record", "queue": "live"})
     with running_worker(queues=["default"], schedules=[s]) as worker:
-        wait_until(lambda: len(messages_of("live")) >= 3, timeout=15, message="three ticks")
+        wait_until(lambda: len(messages_of("live")) >= 3, timeout=60, message="three ticks")
         healthy, details = worker.health()
     assert healthy and details["scheduler"]["schedules"] == ["live"]
     assert details["scheduler"]["rounds"] >= 3

@@ -816,7 +816,7 @@ def other_addresses_of_this_host():
 def logged_url(worker, kind):
     """(host, port) of the URL a worker logged for its ``kind`` port."""
     pattern = re.compile(rf"{kind} on http://\[?([^\]/]+?)\]?:(\d+)/")
-    found = wait_until(lambda: pattern.search(worker.log()), timeout=20, message=f"{kind} port")
+    found = wait_until(lambda: pattern.search(worker.log()), timeout=60, message=f"{kind} port")
     return found.group(1), int(found.group(2))
 
 

@@ -66,7 +66,7 @@ def test_kill_9_mid_handler_the_message_is_rescued_and_its_writes_appear_once(st
         timeout=30,
         message="the rescued message to be handled",
     )
-    wait_until(lambda: not Message.objects.exists(), timeout=10)
+    wait_until(lambda: not Message.objects.exists(), timeout=60)
     invariant.stop()
     assert list(Handled.objects.values_list("attempt", flat=True)) == [2], "exactly once"
     assert "rescued: worker lost" in rescuer.log()
@@ -92,9 +92,9 @@ def test_a_second_signal_exits_at_once_and_the_lease_brings_the_message_back(sta
         lambda: Message.objects.filter(pk=message.pk, status=Status.PROCESSING).exists(), timeout=30
     )
     worker.signal(signal.SIGTERM)
-    wait_until(lambda: "SIGTERM received" in worker.log(), timeout=10)
+    wait_until(lambda: "SIGTERM received" in worker.log(), timeout=60)
     worker.signal(signal.SIGINT)
-    assert worker.wait(timeout=10) != 0
+    assert worker.wait(timeout=60) != 0
     assert Message.objects.get(pk=message.pk).status == Status.PROCESSING
     start_worker("--lease", "2", "--poll-interval", "0.5")
     wait_until(lambda: not Message.objects.exists(), timeout=30)
