@@ -264,7 +264,9 @@ def test_a_timeout_is_noticed_when_it_passes_not_at_the_next_poll():
     with running_worker(concurrency=1, poll_interval=120):
         timed_out = Message.objects.filter(pk=slow.pk, last_error__startswith="HandlerTimeout")
         # Due 1 s after the start; the next poll would be 120 s after it.
-        wait_until(timed_out.exists, timeout=60, message="the timeout to be noticed before the poll")
+        wait_until(
+            timed_out.exists, timeout=60, message="the timeout to be noticed before the poll"
+        )
     wait_until(lambda: not handler_threads(), timeout=60, message="the late handler to return")
 
 
