@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from harness.db import DEFAULT_SERVER, CheckFailed, bench_name_problem
-from harness.processes import kill_all
+from benchmarks.harness.db import DEFAULT_SERVER, CheckFailed, bench_name_problem
+from benchmarks.harness.processes import kill_all
 
 # A numeric option: (flag, type, default, help).
 Number = tuple[str, type, float | None, str | None]

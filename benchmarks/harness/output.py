@@ -39,7 +39,8 @@ def now_iso() -> str:
 
 def command_line(quote: bool = False) -> str:
     """How this benchmark was started."""
-    args = [Path(sys.executable).name, *sys.argv]
+    # sys.argv[0] is "python -m benchmarks SCENARIO" (benchmarks/__main__.py)
+    args = [Path(sys.executable).name, *sys.argv[0].split()[1:], *sys.argv[1:]]
     return " ".join(shlex.quote(a) for a in args) if quote else " ".join(args)
 
 

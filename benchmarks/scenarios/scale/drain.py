@@ -5,13 +5,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from harness import db
-from harness.machine import free_port
-from harness.monitor import DrainMonitor
-from harness.worker import CLAIMED_SQL, Bench
-
-from scenarios.scale import QUEUE
-from scenarios.scale.metrics import scrape, worker_metrics
+from benchmarks.harness import db
+from benchmarks.harness.machine import free_port
+from benchmarks.harness.monitor import DrainMonitor
+from benchmarks.harness.worker import CLAIMED_SQL, Bench
+from benchmarks.scenarios.scale import QUEUE
+from benchmarks.scenarios.scale.metrics import scrape, worker_metrics
 
 # The bench messages are an id range: read through the primary key,
 # whatever else the table holds.
