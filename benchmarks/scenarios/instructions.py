@@ -38,9 +38,10 @@ from benchmarks.harness.cli import require_bench_database
 from benchmarks.harness.processes import die_with_parent
 from benchmarks.harness.tree import Tree
 from benchmarks.harness.worker import TOPIC_ATOMIC, TOPIC_NONATOMIC
+from benchmarks.scenarios.compare import PEERS
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/pgqueue_bench_instructions"
-CLIENT = Path(__file__).resolve().parent / "peers" / "bench_pgqueue.py"
+CLIENT = PEERS / "bench_pgqueue.py"
 ENQUEUE_OPS = ("enqueue-single", "enqueue-bulk")
 TOTALS = re.compile(r"^(?:summary|totals):\s+(\d+)", re.MULTILINE)
 
