@@ -50,6 +50,15 @@ def write_json(path: str | Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
 
 
+def write_checked(result: dict[str, Any], path: str | Path | None) -> int:
+    """Write ``result`` to ``path`` (if given); the exit status of a run
+    whose ``checks`` are its verdict: 0 when every one passed, else 3."""
+    if path:
+        write_json(path, result)
+        print(f"\nwrote {path}")
+    return 0 if all(check["passed"] for check in result["checks"]) else 3
+
+
 def print_warnings(warnings: dict[str, int], note: str = "") -> None:
     """The warnings the workers logged, by kind, most frequent first."""
     if warnings:

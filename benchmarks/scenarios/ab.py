@@ -32,7 +32,7 @@ import shlex
 import sys
 
 from benchmarks.harness import cli
-from benchmarks.harness.cli import LogDir, run_guarded
+from benchmarks.harness.cli import run_with_logs
 from benchmarks.harness.machine import description, git_commit, load_average
 from benchmarks.harness.output import command_line, now_iso, write_json
 from benchmarks.harness.pgstats import Stats
@@ -153,9 +153,6 @@ def run(opts, logs):
 
 def main(argv=None):
     opts = parse_args(argv)
-    with LogDir("pgqueue-ab-", keep=opts.keep_logs) as logs:
-        return run_guarded(lambda: run(opts, logs), logs, (StepFailed,), "FAILED")
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return run_with_logs(
+        "pgqueue-ab-", opts.keep_logs, lambda logs: run(opts, logs), (StepFailed,), "FAILED"
+    )

@@ -250,7 +250,3 @@ def main(argv=None):
             f"  {name:36} {statistics.median(values):6.0f} us  {cpu}  {wal[name]:4.0f} B"
             f"  client {statistics.median(clients[name]):4.0f} us  ({turns})"
         )
-
-
-if __name__ == "__main__":
-    main()

@@ -29,7 +29,6 @@ import argparse
 import re
 import statistics
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -147,7 +146,3 @@ def main(argv: list[str]) -> int:
         spread = f"  (range {min(counts):,.0f} .. {max(counts):,.0f})" if len(counts) > 1 else ""
         print(f"{root:<47} {scenario:<22} {statistics.median(counts):,.0f}{spread}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import shlex
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
@@ -117,7 +116,3 @@ def main(argv: list[str]) -> int:
         print(f"{options or '(defaults)':40} {rate:9,.0f} {ratio:8.2f} {cpu:11.1f}")
     print(f"(logs in {log_dir})")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

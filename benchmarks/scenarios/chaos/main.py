@@ -56,7 +56,6 @@ import argparse
 import json
 import os
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -330,7 +329,3 @@ def main(argv=None):
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0 if result["ok"] else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -204,7 +204,3 @@ def run(opts):
 
 def main(argv=None):
     return run_guarded(lambda: run(parse_args(argv)), failures=())
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -16,7 +16,7 @@ import shlex
 import sys
 
 from benchmarks.harness import cli, db
-from benchmarks.harness.cli import LogDir, run_guarded
+from benchmarks.harness.cli import run_with_logs
 from benchmarks.harness.machine import description, git_commit
 from benchmarks.harness.output import command_line, now_iso, write_json
 from benchmarks.harness.pgstats import Stats
@@ -190,9 +190,4 @@ def run(args, logs):
 
 def main(argv=None):
     args = parse_args(argv)
-    with LogDir("pgqueue-bench-", keep=args.keep_logs) as logs:
-        return run_guarded(lambda: run(args, logs), logs)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return run_with_logs("pgqueue-bench-", args.keep_logs, lambda logs: run(args, logs))

@@ -89,7 +89,15 @@ def drain_run(
                 raise db.CheckFailed(f"{name}: the queue was not empty after {n / 200.0:.0f} s")
             time.sleep(0.02)
         if port:
-            scraped = worker_metrics(scrape(port))
+            # A handler's count follows its commit, which the watch may see
+            # first: scrape until every message is counted (or 30 s passed).
+            counted = time.monotonic() + 30.0
+            while True:
+                scraped = worker_metrics(scrape(port))
+                done = scraped.get("messages_total", {}).get(f"{topic}/done")
+                if done == n or time.monotonic() > counted:
+                    break
+                time.sleep(0.05)
     finally:
         watch.stop()
     worker.stop()

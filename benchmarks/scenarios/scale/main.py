@@ -18,10 +18,10 @@ import sys
 from dataclasses import asdict, dataclass
 
 from benchmarks.harness import cli, db
-from benchmarks.harness.cli import LogDir, run_guarded
+from benchmarks.harness.cli import run_with_logs
 from benchmarks.harness.machine import description, git_commit, load_average
 from benchmarks.harness.numbers import in_turn, median
-from benchmarks.harness.output import command_line, fmt, now_iso, write_json
+from benchmarks.harness.output import command_line, fmt, now_iso, write_checked
 from benchmarks.harness.worker import Bench
 from benchmarks.scenarios.scale import BASELINES, STATES, TOPICS
 from benchmarks.scenarios.scale.checks import checks, noise_floor
@@ -288,17 +288,11 @@ def run(args, worker_args, logs):
     if not args.keep_data:
         db.truncate()
     print_report(result)
-    if args.json:
-        write_json(args.json, result)
-        print(f"\nwrote {args.json}")
-    return 0 if all(c["passed"] for c in result["checks"]) else 3
+    return write_checked(result, args.json)
 
 
 def main(argv=None):
     args, worker_args = parse_args(argv)
-    with LogDir("pgqueue-scale-", keep=args.keep_logs) as logs:
-        return run_guarded(lambda: run(args, worker_args, logs), logs)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return run_with_logs(
+        "pgqueue-scale-", args.keep_logs, lambda logs: run(args, worker_args, logs)
+    )

@@ -22,9 +22,9 @@ import sys
 import time
 
 from benchmarks.harness import cli, db, throwaway_pg
-from benchmarks.harness.cli import LogDir, run_guarded
+from benchmarks.harness.cli import run_with_logs
 from benchmarks.harness.machine import description, git_commit, load_average
-from benchmarks.harness.output import command_line, now_iso, write_json
+from benchmarks.harness.output import command_line, now_iso, write_checked
 from benchmarks.harness.worker import EMPTY_SQL, TOPIC_NONATOMIC, Bench
 from benchmarks.scenarios.scale.fill import insert_messages
 from benchmarks.scenarios.soak import HISTORY_TABLE
@@ -339,10 +339,7 @@ def run(args, logs):
         connections.close_all()
         cluster.close()
     print_report(result)
-    if args.json:
-        write_json(args.json, result)
-        print(f"\nwrote {args.json}")
-    return 0 if all(c["passed"] for c in result["checks"]) else 3
+    return write_checked(result, args.json)
 
 
 def report_only(args):
@@ -357,9 +354,4 @@ def main(argv=None):
     args = parse_args(argv)
     if args.report:
         return report_only(args)
-    with LogDir("pgqueue-soak-", keep=args.keep_logs) as logs:
-        return run_guarded(lambda: run(args, logs), logs)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return run_with_logs("pgqueue-soak-", args.keep_logs, lambda logs: run(args, logs))

@@ -20,7 +20,7 @@ import shlex
 import sys
 
 from benchmarks.harness import cli, db
-from benchmarks.harness.cli import LogDir, run_guarded
+from benchmarks.harness.cli import run_with_logs
 from benchmarks.harness.machine import description, git_commit, load_average
 from benchmarks.harness.numbers import in_turn, median, round_ratios, spread
 from benchmarks.harness.output import command_line, now_iso, table, write_json
@@ -155,9 +155,4 @@ def queue_drain(url, env, logs, messages):
 
 def main(argv=None):
     args = parse_args(argv)
-    with LogDir("pgqueue-bench-streams-", keep=args.keep_logs) as logs:
-        return run_guarded(lambda: run(args, logs), logs)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return run_with_logs("pgqueue-bench-streams-", args.keep_logs, lambda logs: run(args, logs))
