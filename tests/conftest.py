@@ -5,6 +5,9 @@ creates the test databases (test_<name>) for both aliases and migrates them.
 """
 
 import contextlib
+import os
+import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -245,6 +248,29 @@ def wait_until(predicate, timeout=60.0, interval=0.02, message="condition"):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {message}")
         time.sleep(interval)
+
+
+def run_benchmark(scenario, *args, env=None, timeout=300):
+    """``python -m benchmarks SCENARIO ARGS`` to its end, as a
+    ``CompletedProcess`` (text). It and the workers it starts end with this
+    process, even one killed outright (``start_scenario``), and its process
+    group is killed on the way out, whatever happened."""
+    from benchmarks.harness.processes import start_scenario
+
+    run = start_scenario(
+        scenario,
+        [str(arg) for arg in args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        stdout, stderr = run.communicate(timeout=timeout)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
+    return subprocess.CompletedProcess(run.args, run.returncode, stdout, stderr)
 
 
 @pytest.fixture

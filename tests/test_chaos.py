@@ -1,10 +1,10 @@
-"""The chaos soak (benchmarks/chaos.py), short: real worker processes killed,
+"""The chaos soak (``python -m benchmarks chaos``), short: real worker processes killed,
 stopped and cut off from the database, PostgreSQL itself crashed and
 restarted, with the invariant checked during the run and nothing lost or
 handled twice by an atomic handler.
 
 The soak runs against a throwaway cluster of this module's own (initdb in a
-temporary directory, a free port: benchmarks/throwaway_pg.py), the only
+temporary directory, a free port: benchmarks/harness/throwaway_pg.py), the only
 server it restarts. The server that the rest of the suite uses is never
 stopped, restarted or reconfigured (conftest.py checks at the end of the run
 that its postmaster is the one it found at the start)."""
@@ -19,19 +19,21 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import MANAGE, SharedServer, shared_server_changes, shared_servers, wait_until
+from benchmarks.harness import throwaway_pg
+
+from .conftest import (
+    MANAGE,
+    SharedServer,
+    run_benchmark,
+    shared_server_changes,
+    shared_servers,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.slow]
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
-CHAOS = BENCHMARKS / "chaos.py"
 DATABASES = {"default": "pgqueue_chaos", "other": "pgqueue_chaos_other"}
-
-sys.path.insert(0, str(BENCHMARKS))
-try:
-    import throwaway_pg
-finally:
-    sys.path.remove(str(BENCHMARKS))
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def cluster_env(cluster):
@@ -94,10 +96,9 @@ def test_short_chaos_soak_loses_nothing(throwaway_cluster, tmp_path):
     faults = ["kill9", "sigterm", "terminate", "restart"]
     result_file = tmp_path / "chaos.json"
     booted = postmaster_start_time(throwaway_cluster)
-    soak = subprocess.Popen(
-        [
-            sys.executable,
-            str(CHAOS),
+    soak = run_benchmark(
+        "chaos",
+        *[
             "--messages",
             "2000",
             "--workers",
@@ -120,25 +121,16 @@ def test_short_chaos_soak_loses_nothing(throwaway_cluster, tmp_path):
             "7",
             "--timeout",
             "240",
+            "--reset",
             "--json",
             str(result_file),
             "--log-dir",
             str(tmp_path / "logs"),
         ],
         env=cluster_env(throwaway_cluster),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        # A process group of its own, with its worker processes: none of them
-        # outlives the test, even when it times out or is interrupted.
-        start_new_session=True,
+        timeout=300,
     )
-    try:
-        stdout, stderr = soak.communicate(timeout=300)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(soak.pid, signal.SIGKILL)
-        soak.wait()
+    stdout, stderr = soak.stdout, soak.stderr
     print(stdout)
     report = stdout + stderr[-3000:] + "\nPostgreSQL:\n" + throwaway_cluster.log()[-3000:]
     assert result_file.exists(), report
@@ -158,3 +150,69 @@ def test_short_chaos_soak_loses_nothing(throwaway_cluster, tmp_path):
     assert result["done"] + result["dead_lettered"] == 2000, report
     assert {"permanent", "business"} <= set(result["dead_letter_categories"]), report
     assert result["ok"] and soak.returncode == 0, report
+
+
+# A test runner in miniature: it starts the chaos soak as run_benchmark does
+# (start_scenario), then waits on it.
+RUNNER = """
+import sys
+from benchmarks.harness.processes import start_scenario
+
+soak = start_scenario("chaos", sys.argv[1:])
+print(soak.pid, flush=True)
+soak.wait()
+"""
+
+
+def parent_pids():
+    """{pid: parent pid} of every live process (zombies are dead)."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+            if state != "Z":
+                parents[int(entry)] = int(ppid)
+    return parents
+
+
+def test_a_runner_killed_outright_leaves_neither_soak_nor_workers(throwaway_cluster, tmp_path):
+    """The runner (pytest, in real life) is SIGKILLed mid-soak: no finally of
+    its runs, yet the soak and its worker processes end with it."""
+    runner = subprocess.Popen(
+        [sys.executable, "-c", RUNNER, "--messages", "1000", "--waves", "1000"]
+        + ["--wave-interval", "1", "--workers", "2", "--faults", "kill9"]
+        + ["--fault-interval", "600", "--timeout", "120", "--reset", "--log-dir", str(tmp_path)],
+        cwd=ROOT,
+        env=cluster_env(throwaway_cluster),
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    started = []
+    try:
+        soak = int(runner.stdout.readline())
+        started.append(soak)
+
+        def workers():
+            found = [pid for pid, parent in parent_pids().items() if parent == soak]
+            return found if len(found) == 2 else None
+
+        started += wait_until(workers, timeout=60, message="the soak's two workers")
+        os.kill(runner.pid, signal.SIGKILL)
+        runner.wait()
+        wait_until(
+            lambda: not set(started) & parent_pids().keys(),
+            timeout=30,
+            message=f"the soak and its workers ({started}) to end with their runner",
+        )
+    finally:
+        for pid in [runner.pid, *started]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        runner.wait()
+        runner.stdout.close()

@@ -1,28 +1,24 @@
-"""The autovacuum soak (benchmarks/soak.py), short: it runs in a PostgreSQL
-cluster of its own (benchmarks/throwaway_pg.py), with autovacuum on, and
+"""The autovacuum soak (``python -m benchmarks soak``), short: it runs in a
+PostgreSQL cluster of its own (benchmarks/harness/throwaway_pg.py), with autovacuum on, and
 gets every message through a real worker process. Its figures are not
 checked here (a few thousand messages say nothing about bloat); only that
 the run completes, loses nothing and reports what the documentation quotes.
 The shared server is never touched."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow]
+from .conftest import run_benchmark
 
-SOAK = Path(__file__).resolve().parent.parent / "benchmarks" / "soak.py"
+pytestmark = [pytest.mark.slow]
 
 
 def test_short_soak_gets_every_message_through(tmp_path):
     result_file = tmp_path / "soak.json"
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(SOAK),
+    done = run_benchmark(
+        "soak",
+        *[
             "--messages",
             "3000",
             "--rounds",
@@ -46,8 +42,6 @@ def test_short_soak_gets_every_message_through(tmp_path):
             "--json",
             str(result_file),
         ],
-        capture_output=True,
-        text=True,
         timeout=600,
     )
     # 0: the checks passed, 3: one failed (a run this short may well grow

@@ -15,9 +15,10 @@
 - ``output``: tables and number formats, JSON files;
 - ``cli``: argument types, the bench-database guard, signals, log folders;
 - ``internals``: the one place that reaches into django_pgqueue beyond its
-  public API (the claim, the acknowledgement, captured statements).
+  public API (the claim, the acknowledgement, captured statements);
+- ``throwaway_pg``: a PostgreSQL cluster of a run's own, for the scenarios
+  (and tests) that crash or restart the server.
 
-The scripts in benchmarks/ are the entry points (their paths and options are
-documented in benchmarks/README.md and COMPARE.md); benchmarks/scenarios/
-holds one module per measurement.
+``python -m benchmarks`` (benchmarks/__main__.py) is the one entry point;
+benchmarks/scenarios/ holds the scenarios it runs.
 """

@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from harness.db import DEFAULT_SERVER, CheckFailed, bench_name_problem
-from harness.processes import kill_all
+from benchmarks.harness.db import DEFAULT_SERVER, CheckFailed, bench_name_problem
+from benchmarks.harness.processes import kill_all
 
 # A numeric option: (flag, type, default, help).
 Number = tuple[str, type, float | None, str | None]
@@ -140,3 +140,16 @@ def run_guarded(
         return 1
     finally:
         kill_all()
+
+
+def run_with_logs(
+    prefix: str,
+    keep: bool,
+    body: Callable[[LogDir], int],
+    failures: tuple[type[Exception], ...] = (CheckFailed,),
+    label: str = "CHECK FAILED",
+) -> int:
+    """``run_guarded(body)`` with a worker log folder (``LogDir(prefix)``,
+    kept with ``keep`` or when one of ``failures`` ends the run)."""
+    with LogDir(prefix, keep=keep) as logs:
+        return run_guarded(lambda: body(logs), logs, failures, label)

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from harness.tree import Tree
+from benchmarks.harness.tree import Tree
 
 DEFAULT_SERVER = "postgres://postgres@127.0.0.1:5432"
 # This harness's own connections (monitors, statistics), left out of every
@@ -143,6 +143,18 @@ def prepare(urls: Iterable[str], env: dict[str, str], tree: Tree | None = None) 
         if ensure_database(url):
             print(f"created database {database_name(url)}", file=sys.stderr)
     migrate(env, tree)
+
+
+def fill_ready(url: str, topic: str, count: int) -> None:
+    """``count`` ready messages of ``topic``, inserted as another client may."""
+    with connect(url) as conn:
+        conn.execute("TRUNCATE django_pgqueue_message, django_pgqueue_deadletter")
+        conn.execute(
+            "INSERT INTO django_pgqueue_message (topic, payload)"
+            " SELECT %s, jsonb_build_object('n', n) FROM generate_series(1, %s) AS n",
+            [topic, count],
+        )
+        conn.execute("ANALYZE django_pgqueue_message")
 
 
 def setup_django(env: dict[str, str], tree: Tree | None = None) -> None:

@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from harness.db import MESSAGE_TABLE
+from benchmarks.harness.db import MESSAGE_TABLE
 
 if TYPE_CHECKING:
     from django_pgqueue.models import Message
@@ -123,30 +123,3 @@ def enqueue_statement(topic: str) -> Statement:
     statements, _ = capture(lambda: enqueue(topic, {"n": 0}))
     inserts = [s for s in statements if s[0].lstrip().upper().startswith("INSERT")]
     return inserts[0]
-
-
-def set_enqueue_many_chunk(rows: int) -> None:
-    """enqueue_many() sends more rows than this as pipelined INSERTs of this many."""
-    from django_pgqueue import enqueuing
-
-    enqueuing.STREAM_CHUNK = rows
-
-
-def enqueue_many_chunk_insert(payloads: Sequence[Any], topic: str, shared: bool) -> Statement:
-    """The INSERT (no dedup key) and parameters that enqueue_many sends for one
-    chunk of ``payloads``: ``shared``, the form for rows that share their
-    options (the usual call: a topic given once); else the array of rows it
-    sends when they differ (each row here gets an Options of its own)."""
-    import dataclasses
-
-    from django_pgqueue import enqueuing
-    from django_pgqueue.validation import validate_many
-
-    rows = list(validate_many([{"payload": p} for p in payloads], {"topic": topic}))
-    table = f'"{MESSAGE_TABLE}"'
-    if shared:
-        sql = enqueuing.INSERT_SHARED_NO_DEDUP_SQL.format(table=table)
-        return sql, [*enqueuing._option_values(rows[0].options), enqueuing._payloads(rows)]
-    for row in rows:
-        row.options = dataclasses.replace(row.options)
-    return enqueuing.INSERT_NO_DEDUP_SQL.format(table=table), [enqueuing._document(rows)]

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from harness.tree import HERE
+from benchmarks.harness.tree import HERE
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 

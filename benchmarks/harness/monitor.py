@@ -7,8 +7,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from harness.db import connect
-from harness.machine import CpuTimes, busy_percent, cpu_times, proc_cpu_seconds
+from benchmarks.harness.db import connect
+from benchmarks.harness.machine import CpuTimes, busy_percent, cpu_times, proc_cpu_seconds
 
 Query = tuple[str, Sequence[Any]]
 

@@ -39,7 +39,8 @@ def now_iso() -> str:
 
 def command_line(quote: bool = False) -> str:
     """How this benchmark was started."""
-    args = [Path(sys.executable).name, *sys.argv]
+    # sys.argv[0] is "python -m benchmarks SCENARIO" (benchmarks/__main__.py)
+    args = [Path(sys.executable).name, *sys.argv[0].split()[1:], *sys.argv[1:]]
     return " ".join(shlex.quote(a) for a in args) if quote else " ".join(args)
 
 
@@ -47,6 +48,15 @@ def write_json(path: str | Path, data: Any) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def write_checked(result: dict[str, Any], path: str | Path | None) -> int:
+    """Write ``result`` to ``path`` (if given); the exit status of a run
+    whose ``checks`` are its verdict: 0 when every one passed, else 3."""
+    if path:
+        write_json(path, result)
+        print(f"\nwrote {path}")
+    return 0 if all(check["passed"] for check in result["checks"]) else 3
 
 
 def print_warnings(warnings: dict[str, int], note: str = "") -> None:

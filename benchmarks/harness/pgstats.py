@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from harness.db import APP_NAME, connect, with_database
+from benchmarks.harness.db import APP_NAME, connect, with_database
 
 
 class Stats:

@@ -1,20 +1,63 @@
 """Child processes of a benchmark: each in a session of its own (ctrl-c
 reaches only the benchmark, which then kills them), its output in a log
 file, its peak RSS sampled while it runs; every one not yet reaped is
-killed when the benchmark ends (``kill_all``)."""
+killed when the benchmark ends (``kill_all``), and by the kernel should
+the benchmark itself be killed outright (``die_with_parent``)."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness.tree import Tree
+
 LIVE: set[Process] = set()  # started, not yet reaped
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent() -> Callable[[], None]:
+    """A ``preexec_fn`` for a child that must not outlive the process starting
+    it (a worker, a client): the kernel sends the child SIGKILL when its
+    parent dies, even of a SIGKILL, which no ``finally`` or ``kill_all``
+    survives to clean up after. Linux only (elsewhere it does nothing). The
+    signal comes when the *thread* that started the child ends: start them
+    from the main thread (every scenario does)."""
+    parent = os.getpid()
+
+    def preexec() -> None:  # in the child, between fork and exec
+        if not sys.platform.startswith("linux"):
+            return
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+        if os.getppid() != parent:  # it died before prctl: no signal will come
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
+
+def start_scenario(scenario: str, args: Sequence[str], **popen: Any) -> subprocess.Popen[str]:
+    """``python -m benchmarks SCENARIO ARGS`` of this checkout as a child that
+    ends with this process, even one killed outright (a test run killed by
+    its timeout): ``die_with_parent``, and in a session of its own, so that
+    killing that group ends the scenario and the workers it started."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "benchmarks", scenario, *args],
+        cwd=Tree.here().root,
+        start_new_session=True,
+        preexec_fn=die_with_parent(),
+        text=True,
+        **popen,
+    )
 
 
 class Process:
@@ -35,6 +78,7 @@ class Process:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=die_with_parent(),
         )
         LIVE.add(self)
         self.pid = self.proc.pid

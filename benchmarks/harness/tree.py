@@ -1,5 +1,5 @@
 """The source tree a benchmark measures: this checkout by default, another
-one for the A/B runner (benchmarks/ab.py)."""
+one for the A/B runner (the ab scenario)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,12 @@ class Tree:
         """The checkout at ``root``, run by ``python`` (default: its ``.venv``)."""
         root = Path(root).resolve()
         return cls(root, Path(python) if python else root / ".venv" / "bin" / "python")
+
+    @classmethod
+    def named(cls, root: str | None) -> Tree:
+        """A tree given on the command line: "." (or none) is this checkout,
+        run by the benchmark's own interpreter; any other, ``at(root)``."""
+        return cls.here() if root in (None, ".") else cls.at(root)
 
     @property
     def testproject(self) -> Path:

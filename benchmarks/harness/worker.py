@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.db import CheckFailed, database_name, other_url
-from harness.pgstats import Stats
-from harness.processes import Process
-from harness.tree import Tree
+from benchmarks.harness.db import CheckFailed, database_name, other_url
+from benchmarks.harness.pgstats import Stats
+from benchmarks.harness.processes import Process
+from benchmarks.harness.tree import Tree
 
 # The testproject's handlers for benchmarks (testproject/demo/handlers.py).
 TOPIC_ATOMIC = "bench.noop"  # atomic=True, does nothing

@@ -260,7 +260,7 @@ def test_group_hold(message):
     record(message)
 
 
-# --- for benchmarks/chaos.py ---------------------------------------------------
+# --- for python -m benchmarks chaos ---------------------------------------------------
 # The payload says how each attempt goes: {"fail": {"<attempt>": "<kind>"}}
 # raises the exception of that kind on that attempt (attempts count rescues
 # too), {"sleep": seconds} holds the handler first, so that a fault finds

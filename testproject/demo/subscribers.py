@@ -69,7 +69,7 @@ def test_dead_lettering(event):
     act(event)
 
 
-# --- for benchmarks/streams.py -------------------------------------------------
+# --- for python -m benchmarks streams -------------------------------------------------
 # With PGQUEUE_BENCH_STREAM_LOG set, the positions delivered are kept in a
 # list (an append per event) and written to that file, one a line, when the
 # process exits: the benchmark checks that every event came once, in order.

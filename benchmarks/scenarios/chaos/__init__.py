@@ -1,4 +1,4 @@
-"""chaos.py's parts: messages enqueued in waves with a ledger of what was
+"""The chaos scenario's parts: messages enqueued in waves with a ledger of what was
 enqueued (``ledger``), the worker processes (``workers``), the faults
 injected into them and into PostgreSQL (``faults``), and the invariant
 checked while it all runs (``invariant``)."""

@@ -8,9 +8,8 @@ import signal
 import subprocess
 import time
 
-import throwaway_pg
-
-from scenarios.chaos import log, with_retry
+from benchmarks.harness import throwaway_pg
+from benchmarks.scenarios.chaos import log, with_retry
 
 
 class Restarter:

@@ -4,8 +4,8 @@ of its own, in one snapshot (one statement) per check."""
 import threading
 import time
 
-from scenarios.chaos import log
-from scenarios.chaos.ledger import CHECK_SQL
+from benchmarks.scenarios.chaos import log
+from benchmarks.scenarios.chaos.ledger import CHECK_SQL
 
 
 class InvariantChecker(threading.Thread):

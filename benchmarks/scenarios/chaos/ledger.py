@@ -2,7 +2,7 @@
 transaction, and what became of each message: the invariant's query, the
 final counts."""
 
-from scenarios.chaos import FAILURE_KINDS, MAX_ATTEMPTS, TOPICS, with_retry
+from benchmarks.scenarios.chaos import FAILURE_KINDS, MAX_ATTEMPTS, TOPICS, with_retry
 
 # What the driver records of each message: its id, topic kind and wave.
 EXPECTED_TABLE = "chaos_expected"

@@ -1,6 +1,7 @@
 """The soak's worker processes: started, signalled, replaced, reaped. They
 stay in the soak's session (whoever kills the soak's process group kills
-them too)."""
+them too), and die with the soak's process when it is killed outright
+(``die_with_parent``)."""
 
 import json
 import os
@@ -10,9 +11,9 @@ import subprocess
 import sys
 import time
 
-from harness.tree import Tree
-
-from scenarios.chaos import log
+from benchmarks.harness.processes import die_with_parent
+from benchmarks.harness.tree import Tree
+from benchmarks.scenarios.chaos import log
 
 MANAGE = Tree.here().testproject / "manage.py"
 
@@ -55,6 +56,7 @@ class Workers:
                 env=self.env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
+                preexec_fn=die_with_parent(),
             )
         popen.log_path = path
         self.live.append(popen)

@@ -1,6 +1,6 @@
-"""compare.py's measurements: django-pgqueue beside a raw psycopg loop and
+"""The compare scenario's measurements: django-pgqueue beside a raw psycopg loop and
 its peers, each system run from its own virtualenv through a client script
-of its own (benchmarks/peers/); ab.py uses the same machinery for two
+of its own (benchmarks/peers/); the ab scenario uses the same machinery for two
 trees of django-pgqueue.
 
 - ``system``: what a system under test is (its virtualenv, database, client, workers);
@@ -8,10 +8,10 @@ trees of django-pgqueue.
 - ``measure``: one drain, the latency, the idle cost of one system;
 - ``run``: every measurement of one system, and the runs in turn;
 - ``targets`` and ``markdown``: django-pgqueue's targets, the report;
-- ``ab``: ab.py's scenarios, rounds in turn and summary.
+- ``ab``: the ab scenario's measurements, rounds in turn and summary.
 """
 
-from harness.tree import HERE
+from benchmarks.harness.tree import HERE
 
 BENCH = HERE / "benchmarks"
 PEERS = BENCH / "peers"

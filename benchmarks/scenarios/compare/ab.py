@@ -1,4 +1,4 @@
-"""Two trees of django-pgqueue measured in turn (benchmarks/ab.py): the
+"""Two trees of django-pgqueue measured in turn (the ab scenario): the
 same client script (benchmarks/peers/bench_pgqueue.py, the public API only:
 enqueue, enqueue_many) and the same worker command (``manage.py
 pgqueue_worker``, ``--burst`` for the drains) run with each tree's Python,
@@ -11,13 +11,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from harness.numbers import in_turn, median, round_ratios, spread
-from harness.output import table
-from harness.pgstats import Stats
-
-from scenarios.compare import StepFailed
-from scenarios.compare.measure import drain_run, enqueue_bulk, enqueue_single, measure_latency
-from scenarios.compare.systems import PgQueue
+from benchmarks.harness.numbers import in_turn, median, round_ratios, spread
+from benchmarks.harness.output import table
+from benchmarks.harness.pgstats import Stats
+from benchmarks.scenarios.compare import StepFailed
+from benchmarks.scenarios.compare.measure import (
+    drain_run,
+    enqueue_bulk,
+    enqueue_single,
+    measure_latency,
+)
+from benchmarks.scenarios.compare.systems import PgQueue
 
 SIDES = ("before", "after")
 

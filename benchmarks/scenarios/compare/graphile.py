@@ -1,4 +1,4 @@
-"""graphile-worker (Node.js) as a system of compare.py: its client and
+"""graphile-worker (Node.js) as a system of the compare scenario: its client and
 worker are one script, peers/graphile/bench_graphile.js, run by node with
 the pinned packages of peers/graphile/package-lock.json, which ``npm ci``
 installs into peers/graphile/node_modules (ignored by git) when they are
@@ -14,8 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from scenarios.compare import PEERS, StepFailed
-from scenarios.compare.system import System, Variant
+from benchmarks.scenarios.compare import PEERS, StepFailed
+from benchmarks.scenarios.compare.system import System, Variant
 
 HOME = PEERS / "graphile"
 JOBS = "graphile_worker._private_jobs"

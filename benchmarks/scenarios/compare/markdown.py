@@ -1,8 +1,8 @@
-"""compare.py's Markdown report: one row per system and variant, the
+"""The compare scenario's Markdown report: one row per system and variant, the
 commands used, the targets."""
 
-from scenarios.compare import REPEAT_MAX_DRAIN_S
-from scenarios.compare.targets import jobs
+from benchmarks.scenarios.compare import REPEAT_MAX_DRAIN_S
+from benchmarks.scenarios.compare.targets import jobs
 
 
 def fmt_rate(value, run=None):

@@ -8,15 +8,14 @@ import os
 import time
 from typing import Any
 
-from harness import db
-from harness.machine import busy_percent, cpu_times
-from harness.monitor import DrainMonitor, wait_until
-from harness.numbers import distribution, median
-from harness.pgstats import Statements, Stats, one_line, record_statements
-from harness.processes import Process
-
-from scenarios.compare import StepFailed
-from scenarios.compare.system import System, Variant
+from benchmarks.harness import db
+from benchmarks.harness.machine import busy_percent, cpu_times
+from benchmarks.harness.monitor import DrainMonitor, wait_until
+from benchmarks.harness.numbers import distribution, median
+from benchmarks.harness.pgstats import Statements, Stats, one_line, record_statements
+from benchmarks.harness.processes import Process
+from benchmarks.scenarios.compare import StepFailed
+from benchmarks.scenarios.compare.system import System, Variant
 
 
 def enqueue_bulk(system: System, variant: Variant, n: int) -> float:

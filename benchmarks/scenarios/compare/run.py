@@ -10,11 +10,11 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
-from harness.numbers import median, round_ratios
-from harness.pgstats import Stats
 
-from scenarios.compare import REPEAT_MAX_DRAIN_S, StepFailed
-from scenarios.compare.measure import (
+from benchmarks.harness.numbers import median, round_ratios
+from benchmarks.harness.pgstats import Stats
+from benchmarks.scenarios.compare import REPEAT_MAX_DRAIN_S, StepFailed
+from benchmarks.scenarios.compare.measure import (
     drain_run,
     enqueue_single,
     measure_idle,
@@ -22,8 +22,8 @@ from scenarios.compare.measure import (
     representative,
     startup_cpu,
 )
-from scenarios.compare.system import System
-from scenarios.compare.systems import PgQueue
+from benchmarks.scenarios.compare.system import System
+from benchmarks.scenarios.compare.systems import PgQueue
 
 Result = dict[str, Any]
 

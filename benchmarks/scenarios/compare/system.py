@@ -13,11 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness import db
-from harness.processes import Process
-from harness.tree import HERE
-
-from scenarios.compare import PEERS, VENVS, StepFailed
+from benchmarks.harness import db
+from benchmarks.harness.processes import Process, die_with_parent
+from benchmarks.harness.tree import HERE
+from benchmarks.scenarios.compare import PEERS, VENVS, StepFailed
 
 
 @dataclass
@@ -55,8 +54,8 @@ class System:
     verify_sql = ""  # (finished ok, failed) after a drain; None when not kept
 
     def __init__(self, opts: Any, name: str | None = None) -> None:
-        """``opts``: the options of the run (compare.py's); ``name``: of this
-        instance, when it is not the system's own (ab.py's "before", "after")."""
+        """``opts``: the options of the run (the compare scenario's); ``name``: of this
+        instance, when it is not the system's own (the ab scenario's "before", "after")."""
         self.opts = opts
         self.name = name or self.name
         self.dbname = f"{opts.database_prefix}_{self.name.replace('-', '_')}"
@@ -173,6 +172,7 @@ class System:
                 text=True,
                 timeout=timeout,
                 check=False,
+                preexec_fn=die_with_parent(),
             )
         except subprocess.TimeoutExpired as exc:
             raise StepFailed(f"{what}: timed out after {timeout}s") from exc

@@ -1,16 +1,15 @@
-"""The systems compare.py runs: the raw psycopg loop, django-pgqueue and
+"""The systems the compare scenario runs: the raw psycopg loop, django-pgqueue and
 its peers. Each names its client script (benchmarks/peers/), its worker
 command, the SQL that watches its queue, and what it pins."""
 
 import os
 import shlex
 
-from harness import db
-from harness.tree import Tree
-
-from scenarios.compare import PEERS
-from scenarios.compare.graphile import Graphile
-from scenarios.compare.system import System, Variant, find_python312
+from benchmarks.harness import db
+from benchmarks.harness.tree import Tree
+from benchmarks.scenarios.compare import PEERS
+from benchmarks.scenarios.compare.graphile import Graphile
+from benchmarks.scenarios.compare.system import System, Variant, find_python312
 
 
 class Raw(System):
@@ -100,7 +99,7 @@ class PgQueue(System):
 
     def variants(self):
         """The tuned workers (``--pgqueue-worker-args``; the keys "atomic" and
-        "nonatomic", which the targets and ab.py name) and the worker as a
+        "nonatomic", which the targets and the ab scenario name) and the worker as a
         user starts it first: no option but ``--subscriptions none`` (the
         testproject registers stream subscribers for its test suite; the
         peers have no streams), at its default INFO log level, which the
@@ -123,7 +122,7 @@ class PgQueue(System):
                 **defaults,
             ),
         ]
-        wanted = getattr(self.opts, "pgqueue_variants", None)  # compare.py's; ab.py: every one
+        wanted = getattr(self.opts, "pgqueue_variants", None)  # compare's; ab: every one
         return [v for v in every if not wanted or v.key in wanted]
 
     @property

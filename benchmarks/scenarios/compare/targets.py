@@ -1,4 +1,4 @@
-"""django-pgqueue's targets, computed from one compare.py run: PASS, FAIL,
+"""django-pgqueue's targets, computed from one run of the compare scenario: PASS, FAIL,
 or n/a when a figure they need was not measured."""
 
 from __future__ import annotations
@@ -6,9 +6,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from harness.worker import idle_statements_allowed
-
-from scenarios.compare.run import best_variant, paired_ratio
+from benchmarks.harness.worker import idle_statements_allowed
+from benchmarks.scenarios.compare.run import best_variant, paired_ratio
 
 # The targets of the issue, checked as ratios in the same run.
 TARGET_NONATOMIC_VS_RAW = 0.5  # atomic=False, 1 process, vs raw batch-100, 1 process

@@ -7,11 +7,11 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from harness import db
-from harness.machine import busy_percent, cpu_times
-from harness.monitor import DrainMonitor
-from harness.pgstats import Stats
-from harness.worker import CLAIMED_SQL, EMPTY_SQL, Bench, worker_options
+from benchmarks.harness import db
+from benchmarks.harness.machine import busy_percent, cpu_times
+from benchmarks.harness.monitor import DrainMonitor
+from benchmarks.harness.pgstats import Stats
+from benchmarks.harness.worker import CLAIMED_SQL, EMPTY_SQL, Bench, worker_options
 
 
 @dataclass

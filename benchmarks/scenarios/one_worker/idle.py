@@ -6,9 +6,9 @@ import datetime
 import time
 from dataclasses import dataclass, field
 
-from harness import db
-from harness.pgstats import Statements, Stats, one_line, record_statements
-from harness.worker import Bench, Combo, idle_statements_allowed, worker_options
+from benchmarks.harness import db
+from benchmarks.harness.pgstats import Statements, Stats, one_line, record_statements
+from benchmarks.harness.worker import Bench, Combo, idle_statements_allowed, worker_options
 
 # The design goal: at most one statement per poll interval.
 GOAL_QUERIES_PER_POLL = 1

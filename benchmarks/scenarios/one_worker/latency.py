@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from harness import db
-from harness.monitor import wait_until
-from harness.numbers import distribution, percentile
-from harness.pgstats import Stats
-from harness.worker import TOPIC_LATENCY, Bench, Combo, worker_options
+from benchmarks.harness import db
+from benchmarks.harness.monitor import wait_until
+from benchmarks.harness.numbers import distribution, percentile
+from benchmarks.harness.pgstats import Stats
+from benchmarks.harness.worker import TOPIC_LATENCY, Bench, Combo, worker_options
 
 
 @dataclass

@@ -1,15 +1,14 @@
-"""throughput.py's summary, goals and printed report."""
+"""The throughput scenario's summary, goals and printed report."""
 
 from __future__ import annotations
 
 import statistics
 from typing import Any
 
-from harness.output import fmt_seconds, print_warnings, table
-from harness.worker import Combo
-
-from scenarios.one_worker.burst import ThroughputRun
-from scenarios.one_worker.idle import GOAL_QUERIES_PER_POLL
+from benchmarks.harness.output import fmt_seconds, print_warnings, table
+from benchmarks.harness.worker import Combo
+from benchmarks.scenarios.one_worker.burst import ThroughputRun
+from benchmarks.scenarios.one_worker.idle import GOAL_QUERIES_PER_POLL
 
 # The design goals of the issue, for this machine.
 GOAL_JOBS_PER_S = 3000.0  # atomic=False, one worker process

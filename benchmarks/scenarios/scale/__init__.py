@@ -1,4 +1,4 @@
-"""scale.py's measurements: one worker with a million delayed messages and
+"""The scale scenario's measurements: one worker with a million delayed messages and
 a million dead letters in the tables, against empty tables, in turn.
 
 - ``fill``: the loaded state (delayed messages, dead letters, their sizes);
@@ -8,8 +8,8 @@ a million dead letters in the tables, against empty tables, in turn.
 - ``checks``: loaded against baseline, rounds in turn; ``report`` prints it all.
 """
 
-from harness.db import MESSAGE_TABLE
-from harness.worker import TOPIC_ATOMIC, TOPIC_NONATOMIC
+from benchmarks.harness.db import MESSAGE_TABLE
+from benchmarks.harness.worker import TOPIC_ATOMIC, TOPIC_NONATOMIC
 
 QUEUE = "default"  # the queue the bench messages go to and the worker drains
 CLAIM_WORKER_ID = "bench-scale"

@@ -1,4 +1,4 @@
-"""scale.py's checks: the loaded state against the baseline, each figure as
+"""The scale scenario's checks: the loaded state against the baseline, each figure as
 the median of the rounds' loaded/baseline ratios (--in-turn), else the ratio
 of the medians; marked inconclusive when the baseline itself moved more."""
 
@@ -8,9 +8,8 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
-from harness.numbers import median, percentile, round_ratios
-
-from scenarios.scale import BASELINES, PARTIAL_INDEXES, TOPICS
+from benchmarks.harness.numbers import median, percentile, round_ratios
+from benchmarks.scenarios.scale import BASELINES, PARTIAL_INDEXES, TOPICS
 
 Entry = dict[str, Any]
 
@@ -187,7 +186,7 @@ class Checks:
     def server_cpu(self, claims: list[Entry], scenario: str, passes: list[Entry]) -> None:
         """The server backend's CPU time per claim, and per acknowledgement
         where the scenario acknowledges, loaded against baseline (results
-        written before scale.py measured them have none)."""
+        written before the scale scenario measured them have none)."""
         mine = [b for b in claims if b["scenario"] == scenario]
         for what, key in (("claim", "server_cpu_mean_ms"), ("ack", "ack_server_cpu_mean_ms")):
             base = [b.get(key) for b in mine if b["state"] in BASELINES]

@@ -8,14 +8,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from harness import db, internals
-from harness.numbers import percentile
-from harness.worker import TOPIC_NONATOMIC
-
-from scenarios.scale import CLAIM_LEASE_SECONDS, CLAIM_WORKER_ID, QUEUE
-from scenarios.scale.drain import delete_bench_rows
-from scenarios.scale.fill import insert_messages
-from scenarios.scale.plans import buffers, execution_ms, explain, indexes, plan_verdict
+from benchmarks.harness import db, internals
+from benchmarks.harness.numbers import percentile
+from benchmarks.harness.worker import TOPIC_NONATOMIC
+from benchmarks.scenarios.scale import CLAIM_LEASE_SECONDS, CLAIM_WORKER_ID, QUEUE
+from benchmarks.scenarios.scale.drain import delete_bench_rows
+from benchmarks.scenarios.scale.fill import insert_messages
+from benchmarks.scenarios.scale.plans import buffers, execution_ms, explain, indexes, plan_verdict
 
 
 @dataclass

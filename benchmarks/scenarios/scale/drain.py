@@ -5,13 +5,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from harness import db
-from harness.machine import free_port
-from harness.monitor import DrainMonitor
-from harness.worker import CLAIMED_SQL, Bench
-
-from scenarios.scale import QUEUE
-from scenarios.scale.metrics import scrape, worker_metrics
+from benchmarks.harness import db
+from benchmarks.harness.machine import free_port
+from benchmarks.harness.monitor import DrainMonitor
+from benchmarks.harness.worker import CLAIMED_SQL, Bench
+from benchmarks.scenarios.scale import QUEUE
+from benchmarks.scenarios.scale.metrics import scrape, worker_metrics
 
 # The bench messages are an id range: read through the primary key,
 # whatever else the table holds.
@@ -90,7 +89,15 @@ def drain_run(
                 raise db.CheckFailed(f"{name}: the queue was not empty after {n / 200.0:.0f} s")
             time.sleep(0.02)
         if port:
-            scraped = worker_metrics(scrape(port))
+            # A handler's count follows its commit, which the watch may see
+            # first: scrape until every message is counted (or 30 s passed).
+            counted = time.monotonic() + 30.0
+            while True:
+                scraped = worker_metrics(scrape(port))
+                done = scraped.get("messages_total", {}).get(f"{topic}/done")
+                if done == n or time.monotonic() > counted:
+                    break
+                time.sleep(0.05)
     finally:
         watch.stop()
     worker.stop()

@@ -9,9 +9,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from harness import db
-
-from scenarios.scale import QUEUE
+from benchmarks.harness import db
+from benchmarks.scenarios.scale import QUEUE
 
 TRACEBACK = (
     "Traceback (most recent call last):\\n"

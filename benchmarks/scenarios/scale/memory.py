@@ -5,14 +5,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from harness import db
-from harness.machine import proc_status
-from harness.worker import TOPIC_NONATOMIC, Bench
-
-from scenarios.scale.claims import claim_statements, insert_ready
-from scenarios.scale.drain import delete_bench_rows
-from scenarios.scale.fill import chunked, insert_messages
-from scenarios.scale.plans import buffers, execution_ms, explain, indexes
+from benchmarks.harness import db
+from benchmarks.harness.machine import proc_status
+from benchmarks.harness.worker import TOPIC_NONATOMIC, Bench
+from benchmarks.scenarios.scale.claims import claim_statements, insert_ready
+from benchmarks.scenarios.scale.drain import delete_bench_rows
+from benchmarks.scenarios.scale.fill import chunked, insert_messages
+from benchmarks.scenarios.scale.plans import buffers, execution_ms, explain, indexes
 
 
 def claim_after_churn(limit: int) -> dict[str, Any]:

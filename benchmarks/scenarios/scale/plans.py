@@ -8,10 +8,9 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from harness.db import MESSAGE_TABLE
-from harness.internals import Statement, queue_connection
-
-from scenarios.scale import PARTIAL_INDEXES
+from benchmarks.harness.db import MESSAGE_TABLE
+from benchmarks.harness.internals import Statement, queue_connection
+from benchmarks.scenarios.scale import PARTIAL_INDEXES
 
 MAIN_VERB = re.compile(r"^\s*(?:WITH\b.*?\)\s*)?(SELECT|UPDATE|DELETE|INSERT)\b", re.I | re.S)
 

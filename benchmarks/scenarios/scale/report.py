@@ -1,14 +1,13 @@
-"""scale.py's printed report."""
+"""The scale scenario's printed report."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from harness.db import MESSAGE_TABLE
-from harness.output import fmt, mib, print_warnings, table
-
-from scenarios.scale import PKEY_INDEX, QUEUE
-from scenarios.scale.checks import noise_floor
+from benchmarks.harness.db import MESSAGE_TABLE
+from benchmarks.harness.output import fmt, mib, print_warnings, table
+from benchmarks.scenarios.scale import PKEY_INDEX, QUEUE
+from benchmarks.scenarios.scale.checks import noise_floor
 
 DRAIN_HEADERS = [
     h.replace("_", " ")

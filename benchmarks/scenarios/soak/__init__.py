@@ -1,4 +1,4 @@
-"""soak.py's measurements: a million messages through a worker on a server
+"""The soak scenario's measurements: a million messages through a worker on a server
 with autovacuum on.
 
 - ``probe``: the claim of a fixed backlog, timed in this process (wall clock
@@ -6,7 +6,7 @@ with autovacuum on.
 - ``sizes``: the queue table's and the history's sizes and vacuum counters.
 """
 
-from harness.db import MESSAGE_TABLE
+from benchmarks.harness.db import MESSAGE_TABLE
 
 QUEUE = "default"  # the queue the worker drains and the probe claims from
 HISTORY_TABLE = "django_pgqueue_finishedmessage"

@@ -7,14 +7,13 @@ import statistics
 import time
 from typing import Any
 
-from harness import db, internals
-from harness.numbers import percentile
-from harness.worker import TOPIC_NONATOMIC
-
-from scenarios.scale.claims import backend_pid, cpu_ns
-from scenarios.scale.fill import insert_messages
-from scenarios.scale.plans import buffers, execution_ms, explain, indexes
-from scenarios.soak import QUEUE
+from benchmarks.harness import db, internals
+from benchmarks.harness.numbers import percentile
+from benchmarks.harness.worker import TOPIC_NONATOMIC
+from benchmarks.scenarios.scale.claims import backend_pid, cpu_ns
+from benchmarks.scenarios.scale.fill import insert_messages
+from benchmarks.scenarios.scale.plans import buffers, execution_ms, explain, indexes
+from benchmarks.scenarios.soak import QUEUE
 
 WORKER_ID = "bench-soak-probe"
 LEASE_SECONDS = 60

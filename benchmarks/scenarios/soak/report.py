@@ -1,4 +1,4 @@
-"""soak.py's checks and printed report."""
+"""The soak scenario's checks and printed report."""
 
 from __future__ import annotations
 
@@ -6,10 +6,9 @@ import statistics
 from math import nan
 from typing import Any
 
-from harness.db import MESSAGE_TABLE
-from harness.output import fmt, mib, table
-
-from scenarios.soak import HISTORY_TABLE
+from benchmarks.harness.db import MESSAGE_TABLE
+from benchmarks.harness.output import fmt, mib, table
+from benchmarks.scenarios.soak import HISTORY_TABLE
 
 CLAIM_INDEX = "pgqueue_msg_claim_idx"
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness import db
-
-from scenarios.soak import TABLES
+from benchmarks.harness import db
+from benchmarks.scenarios.soak import TABLES
 
 
 def snapshot() -> dict[str, Any]:

@@ -1,1 +1,1 @@
-"""benchmarks/streams.py: one subscription's delivery by a burst worker."""
+"""The streams scenario: one subscription's delivery by a burst worker."""

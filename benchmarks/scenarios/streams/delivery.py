@@ -17,9 +17,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness import db
-from harness.machine import busy_percent, cpu_times, proc_cpu_seconds
-from harness.worker import Bench
+from benchmarks.harness import db
+from benchmarks.harness.machine import busy_percent, cpu_times, proc_cpu_seconds
+from benchmarks.harness.worker import Bench
 
 STREAM = "bench.stream"
 SUBSCRIPTION = "bench.stream_noop"

@@ -10,8 +10,8 @@ per event, and a check that the subscriber saw every event once, in
 ``(xid, position)`` order. ``--trees`` measures several source trees in
 turn, round after round (before and after a change). See benchmarks/README.md.
 
-    .venv/bin/python benchmarks/streams.py [--events 100000] [--rounds 3]
-    .venv/bin/python benchmarks/streams.py --trees /tmp/streams-before,. --rounds 5
+    .venv/bin/python -m benchmarks streams [--events 100000] [--rounds 3]
+    .venv/bin/python -m benchmarks streams --trees /tmp/streams-before,. --rounds 5
 
 The measurement is in benchmarks/scenarios/streams/.
 """
@@ -19,16 +19,16 @@ The measurement is in benchmarks/scenarios/streams/.
 import shlex
 import sys
 
-from harness import cli, db
-from harness.cli import LogDir, run_guarded
-from harness.machine import description, git_commit, load_average
-from harness.numbers import in_turn, median, round_ratios, spread
-from harness.output import command_line, now_iso, table, write_json
-from harness.pgstats import Stats
-from harness.tree import Tree
-from harness.worker import TOPIC_NONATOMIC, Bench
-from scenarios.one_worker.burst import Burst, measure_startup, throughput_run
-from scenarios.streams import delivery
+from benchmarks.harness import cli, db
+from benchmarks.harness.cli import run_with_logs
+from benchmarks.harness.machine import description, git_commit, load_average
+from benchmarks.harness.numbers import in_turn, median, round_ratios, spread
+from benchmarks.harness.output import command_line, now_iso, table, write_json
+from benchmarks.harness.pgstats import Stats
+from benchmarks.harness.tree import Tree
+from benchmarks.harness.worker import TOPIC_NONATOMIC, Bench
+from benchmarks.scenarios.one_worker.burst import Burst, measure_startup, throughput_run
+from benchmarks.scenarios.streams import delivery
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/pgqueue_bench_streams"
 GOAL = 10_000  # events/s per subscription (issue 27)
@@ -48,7 +48,8 @@ def parse_args(argv):
     parser.add_argument(
         "--trees",
         default=".",
-        help="comma-separated source trees (checkouts with their testproject and .venv) to"
+        help="comma-separated source trees (checkouts with their testproject and .venv; '.':"
+        " this one, with the Python running the benchmark) to"
         " measure in turn; each needs the bench.stream_noop subscriber of"
         " testproject/demo/subscribers.py",
     )
@@ -95,7 +96,7 @@ def summarize(runs, labels):
 def run(args, logs):
     url = args.database_url
     env = db.pgqueue_env(url)
-    trees = [Tree.at(path.strip()) for path in args.trees.split(",")]
+    trees = [Tree.named(path.strip()) for path in args.trees.split(",")]
     labels = [str(tree.root) for tree in trees]
     for tree in trees:
         db.prepare([url, db.other_url(url)], env, tree)
@@ -154,9 +155,4 @@ def queue_drain(url, env, logs, messages):
 
 def main(argv=None):
     args = parse_args(argv)
-    with LogDir("pgqueue-bench-streams-", keep=args.keep_logs) as logs:
-        return run_guarded(lambda: run(args, logs), logs)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return run_with_logs("pgqueue-bench-streams-", args.keep_logs, lambda logs: run(args, logs))

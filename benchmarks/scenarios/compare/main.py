@@ -3,7 +3,7 @@
 (Node.js), procrastinate and Django's django.tasks (django-tasks-db backend), in
 one run.
 
-    .venv/bin/python benchmarks/compare.py [--messages 20000] [--systems raw,pgqueue,...]
+    .venv/bin/python -m benchmarks compare [--messages 20000] [--systems raw,pgqueue,...]
 
 Every system gets a database of its own on the same server (bench_compare_<system>,
 or --database-prefix, dropped and created again by every run), its own virtualenv under
@@ -29,21 +29,22 @@ import time
 from pathlib import Path
 
 import psycopg
-from harness import cli, db
-from harness.cli import run_guarded
-from harness.machine import description, git_commit
-from harness.output import command_line, now_iso, write_json
-from harness.pgstats import Stats
-from scenarios.compare import (
+
+from benchmarks.harness import cli, db
+from benchmarks.harness.cli import run_guarded
+from benchmarks.harness.machine import description, git_commit
+from benchmarks.harness.output import command_line, now_iso, write_json
+from benchmarks.harness.pgstats import Stats
+from benchmarks.scenarios.compare import (
     DEFAULT_PGQUEUE_WORKER_ARGS,
     PGQUEUE_VARIANTS,
     REPEAT_MAX_DRAIN_S,
     RESULTS,
 )
-from scenarios.compare.markdown import markdown
-from scenarios.compare.run import paired_drains, paired_enqueue, run_system
-from scenarios.compare.systems import SYSTEMS
-from scenarios.compare.targets import build_targets
+from benchmarks.scenarios.compare.markdown import markdown
+from benchmarks.scenarios.compare.run import paired_drains, paired_enqueue, run_system
+from benchmarks.scenarios.compare.systems import SYSTEMS
+from benchmarks.scenarios.compare.targets import build_targets
 
 DEFAULT_LOG_DIR = RESULTS / "logs"
 
@@ -86,7 +87,7 @@ def parse_args(argv):
         type=Path,
         default=DEFAULT_LOG_DIR,
         help="the workers' logs (the default is emptied first: give another one beside a"
-        " running compare.py)",
+        " running the compare scenario)",
     )
     p.add_argument(
         "--skip-install",
@@ -203,7 +204,3 @@ def run(opts):
 
 def main(argv=None):
     return run_guarded(lambda: run(parse_args(argv)), failures=())
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -4,9 +4,9 @@ dead letters in the tables, and one worker's memory over a million messages.
 
 Runs against a database of its own (default ``pgqueue_bench_scale``, created
 and migrated if missing, emptied by every run), never the developer's. See
-benchmarks/README.md ("scale.py") for what is measured and how to read it.
+benchmarks/README.md ("scale") for what is measured and how to read it.
 
-    .venv/bin/python benchmarks/scale.py [--json out.json] [--skip memory]
+    .venv/bin/python -m benchmarks scale [--json out.json] [--skip memory]
 
 The measurements are in benchmarks/scenarios/scale/.
 """
@@ -17,19 +17,19 @@ import shlex
 import sys
 from dataclasses import asdict, dataclass
 
-from harness import cli, db
-from harness.cli import LogDir, run_guarded
-from harness.machine import description, git_commit, load_average
-from harness.numbers import in_turn, median
-from harness.output import command_line, fmt, now_iso, write_json
-from harness.worker import Bench
-from scenarios.scale import BASELINES, STATES, TOPICS
-from scenarios.scale.checks import checks, noise_floor
-from scenarios.scale.claims import ClaimSizes, claim_scenarios
-from scenarios.scale.drain import drain_run
-from scenarios.scale.fill import fill_loaded
-from scenarios.scale.memory import memory_run
-from scenarios.scale.report import print_report
+from benchmarks.harness import cli, db
+from benchmarks.harness.cli import run_with_logs
+from benchmarks.harness.machine import description, git_commit, load_average
+from benchmarks.harness.numbers import in_turn, median
+from benchmarks.harness.output import command_line, fmt, now_iso, write_checked
+from benchmarks.harness.worker import Bench
+from benchmarks.scenarios.scale import BASELINES, STATES, TOPICS
+from benchmarks.scenarios.scale.checks import checks, noise_floor
+from benchmarks.scenarios.scale.claims import ClaimSizes, claim_scenarios
+from benchmarks.scenarios.scale.drain import drain_run
+from benchmarks.scenarios.scale.fill import fill_loaded
+from benchmarks.scenarios.scale.memory import memory_run
+from benchmarks.scenarios.scale.report import print_report
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/pgqueue_bench_scale"
 # --subscriptions none: the testproject's stream subscribers are the test
@@ -288,17 +288,11 @@ def run(args, worker_args, logs):
     if not args.keep_data:
         db.truncate()
     print_report(result)
-    if args.json:
-        write_json(args.json, result)
-        print(f"\nwrote {args.json}")
-    return 0 if all(c["passed"] for c in result["checks"]) else 3
+    return write_checked(result, args.json)
 
 
 def main(argv=None):
     args, worker_args = parse_args(argv)
-    with LogDir("pgqueue-scale-", keep=args.keep_logs) as logs:
-        return run_guarded(lambda: run(args, worker_args, logs), logs)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return run_with_logs(
+        "pgqueue-scale-", args.keep_logs, lambda logs: run(args, worker_args, logs)
+    )

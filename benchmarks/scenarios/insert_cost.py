@@ -2,7 +2,7 @@
 """Where a one-message enqueue's time goes in the server: the same
 one-row INSERT, each in its own (autocommit) transaction, into
 
-- ``raw``: the raw loop's table of compare.py (an id, a payload, one index,
+- ``raw``: the raw loop's table of the compare scenario (an id, a payload, one index,
   a statement-level NOTIFY trigger);
 - ``ours``: django-pgqueue's message table as migrated;
 - ``ours, no notify trigger``: the same with the insert trigger disabled;
@@ -35,8 +35,8 @@ for their turn, so it runs on a database of its own, ``--database``
 created and migrated through the testproject; its name must contain
 "bench"), and puts every change back after each turn.
 
-    .venv/bin/python benchmarks/insert_cost.py                     # synchronous_commit on
-    .venv/bin/python benchmarks/insert_cost.py --synchronous-commit off
+    .venv/bin/python -m benchmarks insert-cost                     # synchronous_commit on
+    .venv/bin/python -m benchmarks insert-cost --synchronous-commit off
 """
 
 import argparse
@@ -45,13 +45,14 @@ import statistics
 import sys
 import time
 
-from harness import db
-from harness.machine import proc_cpu_seconds
 from psycopg.types.json import Jsonb
-from scenarios.compare import PEERS
+
+from benchmarks.harness import db
+from benchmarks.harness.machine import proc_cpu_seconds
+from benchmarks.scenarios.compare import PEERS
 
 sys.path.insert(0, str(PEERS))
-from bench_raw import SCHEMA as RAW_SCHEMA  # noqa: E402  (the raw loop's table, as compare.py's)
+from bench_raw import SCHEMA as RAW_SCHEMA  # noqa: E402  (the raw loop's table, as the compare scenario's)
 
 INDEXES = {
     "pgqueue_msg_claim_idx": "CREATE INDEX pgqueue_msg_claim_idx ON django_pgqueue_message"
@@ -79,7 +80,7 @@ def payload_only(i):
 def enqueue_insert(database):
     """enqueue()'s one-message INSERT, captured as it runs, and its parameters
     (the same for every message: every option at its default)."""
-    # DEBUG off, as in production and compare.py: with it on, Django logs
+    # DEBUG off, as in production and the compare scenario: with it on, Django logs
     # every query, and enqueue() then sends its INSERT unprepared through
     # Django's logging cursor (db.prepared_cursor).
     db.setup_django(
@@ -90,7 +91,7 @@ def enqueue_insert(database):
             DEBUG="False",
         )
     )
-    from harness import internals
+    from benchmarks.harness import internals
 
     sql, params = internals.enqueue_statement("bench.noop")
     return sql, lambda i: params
@@ -249,7 +250,3 @@ def main(argv=None):
             f"  {name:36} {statistics.median(values):6.0f} us  {cpu}  {wal[name]:4.0f} B"
             f"  client {statistics.median(clients[name]):4.0f} us  ({turns})"
         )
-
-
-if __name__ == "__main__":
-    main()

@@ -2,8 +2,8 @@
 """A/B: two source trees of django-pgqueue measured in turn, on the same
 machine and database server, in the same run.
 
-    .venv/bin/python benchmarks/ab.py --before /tmp/before --after .
-    .venv/bin/python benchmarks/ab.py --before /tmp/before --after . --rounds 2 --messages 2000
+    .venv/bin/python -m benchmarks ab --before /tmp/before --after .
+    .venv/bin/python -m benchmarks ab --before /tmp/before --after . --rounds 2 --messages 2000
 
 Each tree is a checkout with its own virtualenv (``<tree>/.venv``, or
 ``--before-python``/``--after-python``). Every measurement runs the same
@@ -31,15 +31,15 @@ import argparse
 import shlex
 import sys
 
-from harness import cli
-from harness.cli import LogDir, run_guarded
-from harness.machine import description, git_commit, load_average
-from harness.output import command_line, now_iso, write_json
-from harness.pgstats import Stats
-from harness.tree import Tree
-from scenarios.compare import DEFAULT_PGQUEUE_WORKER_ARGS, StepFailed
-from scenarios.compare.ab import SCENARIOS, SIDES, print_summary, run_rounds, summarize
-from scenarios.compare.systems import PgQueue
+from benchmarks.harness import cli
+from benchmarks.harness.cli import run_with_logs
+from benchmarks.harness.machine import description, git_commit, load_average
+from benchmarks.harness.output import command_line, now_iso, write_json
+from benchmarks.harness.pgstats import Stats
+from benchmarks.harness.tree import Tree
+from benchmarks.scenarios.compare import DEFAULT_PGQUEUE_WORKER_ARGS, StepFailed
+from benchmarks.scenarios.compare.ab import SCENARIOS, SIDES, print_summary, run_rounds, summarize
+from benchmarks.scenarios.compare.systems import PgQueue
 
 
 def scenario_list(text):
@@ -92,7 +92,7 @@ def parse_args(argv):
             p.error(f"--{side} {tree.root}: no testproject/manage.py")
         if not tree.python.exists():
             p.error(f"--{side}: no Python at {tree.python} (give --{side}-python)")
-    # What the shared System machinery reads (compare.py's options).
+    # What the shared System machinery reads (the compare scenario's options).
     args.pgqueue_worker_args = args.worker_args
     args.worker_args = {}
     args.skip_install = True
@@ -153,9 +153,6 @@ def run(opts, logs):
 
 def main(argv=None):
     opts = parse_args(argv)
-    with LogDir("pgqueue-ab-", keep=opts.keep_logs) as logs:
-        return run_guarded(lambda: run(opts, logs), logs, (StepFailed,), "FAILED")
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return run_with_logs(
+        "pgqueue-ab-", opts.keep_logs, lambda logs: run(opts, logs), (StepFailed,), "FAILED"
+    )

@@ -2,13 +2,13 @@
 """Chaos soak: many messages, several worker processes, faults on a schedule,
 and a count of what was lost or handled twice.
 
-    .venv/bin/python benchmarks/chaos.py --throwaway-cluster
+    .venv/bin/python -m benchmarks chaos --throwaway-cluster
 
 runs on a PostgreSQL cluster of its own, created for the run and removed at
 the end;
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/pgqueue_chaos \\
-        .venv/bin/python benchmarks/chaos.py
+        .venv/bin/python -m benchmarks chaos
 
 against the database of DATABASE_URL (created and migrated if needed; its
 queue tables must be empty, or pass --reset to empty them), without the
@@ -31,7 +31,7 @@ chaos.* topics):
   ``pg_ctl -D <datadir> restart -m immediate``: a crash and recovery). The
   restart fault only ever restarts the cluster it is told about: either
   ``--throwaway-cluster`` (the soak creates a cluster of its own in a
-  temporary directory, with benchmarks/throwaway_pg.py, runs against it
+  temporary directory, with benchmarks/harness/throwaway_pg.py, runs against it
   instead of DATABASE_URL and removes it at the end), or
   ``--restart-datadir`` naming the data directory of the server behind
   DATABASE_URL (checked against the server's ``data_directory``; as root,
@@ -56,18 +56,22 @@ import argparse
 import json
 import os
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-import throwaway_pg
-from harness import db
-from scenarios.chaos import FAULT_KINDS, MAX_ATTEMPTS, log, with_retry
-from scenarios.chaos.faults import Faults, Restarter
-from scenarios.chaos.invariant import InvariantChecker
-from scenarios.chaos.ledger import empty_tables, enqueue_wave, final_counts, ok, queue_is_empty
-from scenarios.chaos.workers import Workers
+from benchmarks.harness import db, throwaway_pg
+from benchmarks.scenarios.chaos import FAULT_KINDS, MAX_ATTEMPTS, log, with_retry
+from benchmarks.scenarios.chaos.faults import Faults, Restarter
+from benchmarks.scenarios.chaos.invariant import InvariantChecker
+from benchmarks.scenarios.chaos.ledger import (
+    empty_tables,
+    enqueue_wave,
+    final_counts,
+    ok,
+    queue_is_empty,
+)
+from benchmarks.scenarios.chaos.workers import Workers
 
 
 def parse_args(argv):
@@ -325,7 +329,3 @@ def main(argv=None):
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0 if result["ok"] else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -5,7 +5,7 @@ Runs everything against a database of its own (default ``pgqueue_bench``,
 created and migrated if missing), never the developer's. See
 benchmarks/README.md for what is measured and how to read the output.
 
-    .venv/bin/python benchmarks/throughput.py [--messages 20000] [--json out.json]
+    .venv/bin/python -m benchmarks throughput [--messages 20000] [--json out.json]
 
 The measurements are in benchmarks/scenarios/one_worker/.
 """
@@ -15,16 +15,16 @@ import re
 import shlex
 import sys
 
-from harness import cli, db
-from harness.cli import LogDir, run_guarded
-from harness.machine import description, git_commit
-from harness.output import command_line, now_iso, write_json
-from harness.pgstats import Stats
-from harness.worker import TOPIC_ATOMIC, TOPIC_NONATOMIC, Bench
-from scenarios.one_worker import report
-from scenarios.one_worker.burst import Burst, measure_startup, throughput_run
-from scenarios.one_worker.idle import idle_cost
-from scenarios.one_worker.latency import latency
+from benchmarks.harness import cli, db
+from benchmarks.harness.cli import run_with_logs
+from benchmarks.harness.machine import description, git_commit
+from benchmarks.harness.output import command_line, now_iso, write_json
+from benchmarks.harness.pgstats import Stats
+from benchmarks.harness.worker import TOPIC_ATOMIC, TOPIC_NONATOMIC, Bench
+from benchmarks.scenarios.one_worker import report
+from benchmarks.scenarios.one_worker.burst import Burst, measure_startup, throughput_run
+from benchmarks.scenarios.one_worker.idle import idle_cost
+from benchmarks.scenarios.one_worker.latency import latency
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/pgqueue_bench"
 # Always: the testproject's stream subscribers are the test suite's; a
@@ -190,9 +190,4 @@ def run(args, logs):
 
 def main(argv=None):
     args = parse_args(argv)
-    with LogDir("pgqueue-bench-", keep=args.keep_logs) as logs:
-        return run_guarded(lambda: run(args, logs), logs)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return run_with_logs("pgqueue-bench-", args.keep_logs, lambda logs: run(args, logs))

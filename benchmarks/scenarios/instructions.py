@@ -2,8 +2,8 @@
 """CPU instructions per message of one burst worker, counted by valgrind:
 the figure wall-clock runs on a shared, noisy machine cannot settle.
 
-    .venv/bin/python benchmarks/instructions.py --tree . --tree /tmp/before
-    .venv/bin/python benchmarks/instructions.py --tree . --messages 500 --scenarios bench.noop
+    .venv/bin/python -m benchmarks instructions --tree . --tree /tmp/before
+    .venv/bin/python -m benchmarks instructions --tree . --messages 500 --scenarios bench.noop
 
 For each tree (a checkout with its own ``.venv``; default: this one) and
 each topic (``bench.noop``, atomic=True, and ``bench.noop_nonatomic``,
@@ -29,37 +29,33 @@ import argparse
 import re
 import statistics
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from harness import db
-from harness.cli import require_bench_database
-from harness.tree import Tree
-from harness.worker import TOPIC_ATOMIC, TOPIC_NONATOMIC
+from benchmarks.harness import db
+from benchmarks.harness.cli import require_bench_database
+from benchmarks.harness.processes import die_with_parent
+from benchmarks.harness.tree import Tree
+from benchmarks.harness.worker import TOPIC_ATOMIC, TOPIC_NONATOMIC
+from benchmarks.scenarios.compare import PEERS
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/pgqueue_bench_instructions"
-CLIENT = Path(__file__).resolve().parent / "peers" / "bench_pgqueue.py"
+CLIENT = PEERS / "bench_pgqueue.py"
 ENQUEUE_OPS = ("enqueue-single", "enqueue-bulk")
 TOTALS = re.compile(r"^(?:summary|totals):\s+(\d+)", re.MULTILINE)
-
-
-def fill(url: str, topic: str, count: int) -> None:
-    """``count`` ready messages of ``topic``, inserted as another client may."""
-    with db.connect(url) as conn:
-        conn.execute("TRUNCATE django_pgqueue_message, django_pgqueue_deadletter")
-        conn.execute(
-            "INSERT INTO django_pgqueue_message (topic, payload)"
-            " SELECT %s, jsonb_build_object('n', n) FROM generate_series(1, %s) AS n",
-            [topic, count],
-        )
-        conn.execute("ANALYZE django_pgqueue_message")
 
 
 def instructions(argv: list[str], cwd: Path, env: dict[str, str], out: Path) -> int:
     """Instructions of the process ``argv`` from start to exit (valgrind's total)."""
     valgrind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
-    done = subprocess.run([*valgrind, *argv], cwd=cwd, env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [*valgrind, *argv],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        preexec_fn=die_with_parent(),
+    )
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed:\n{done.stderr[-3000:]}")
     match = TOTALS.search(out.read_text(errors="replace"))
@@ -82,7 +78,7 @@ def drain(tree: Tree, url: str, topic: str, messages: int, workdir: Path) -> flo
     argv = tree.manage("pgqueue_worker", "--burst", "--log-level", "WARNING")
     totals = []
     for count in (messages, 2 * messages):
-        fill(url, topic, count)
+        db.fill_ready(url, topic, count)
         totals.append(instructions(argv, tree.testproject, env, workdir / f"{topic}-{count}"))
         left = db.fetch_row(url, "SELECT count(*) FROM django_pgqueue_message")[0]
         if left:
@@ -130,7 +126,7 @@ def main(argv: list[str]) -> int:
     if args.rounds < 1:
         p.error("--rounds must be at least 1")
     require_bench_database(p, args.database_url)
-    trees = [Tree.here() if root in (None, ".") else Tree.at(root) for root in (args.tree or ["."])]
+    trees = [Tree.named(root) for root in (args.tree or ["."])]
     figures: dict[tuple[str, str], list[float]] = {}
     print(f"{'round':<6} {'tree':<40} {'scenario':<22} instructions per message")
     with tempfile.TemporaryDirectory(prefix="pgqueue-instructions-") as tmp:
@@ -150,7 +146,3 @@ def main(argv: list[str]) -> int:
         spread = f"  (range {min(counts):,.0f} .. {max(counts):,.0f})" if len(counts) > 1 else ""
         print(f"{root:<47} {scenario:<22} {statistics.median(counts):,.0f}{spread}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

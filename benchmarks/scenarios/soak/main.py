@@ -3,12 +3,12 @@
 autovacuum on; the queue table's size, its indexes' sizes, its dead rows and
 the claim's cost at the start and at the end.
 
-Runs in a PostgreSQL cluster of its own (benchmarks/throwaway_pg.py: initdb
+Runs in a PostgreSQL cluster of its own (benchmarks/harness/throwaway_pg.py: initdb
 in a temporary directory, autovacuum on as PostgreSQL ships it, removed at
 the end); the shared server, whose autovacuum may be off, is never touched.
-See benchmarks/README.md ("soak.py").
+See benchmarks/README.md ("soak").
 
-    .venv/bin/python benchmarks/soak.py [--messages 1000000] [--json out.json]
+    .venv/bin/python -m benchmarks soak [--messages 1000000] [--json out.json]
 
 Each of ``--table-settings`` (default: product, postgres) is one run in a
 fresh database: ``product`` keeps the queue table's storage parameters of
@@ -21,17 +21,16 @@ import statistics
 import sys
 import time
 
-import throwaway_pg
-from harness import cli, db
-from harness.cli import LogDir, run_guarded
-from harness.machine import description, git_commit, load_average
-from harness.output import command_line, now_iso, write_json
-from harness.worker import EMPTY_SQL, TOPIC_NONATOMIC, Bench
-from scenarios.scale.fill import insert_messages
-from scenarios.soak import HISTORY_TABLE
-from scenarios.soak.probe import claim_probe
-from scenarios.soak.report import checks, print_report
-from scenarios.soak.sizes import snapshot, storage_options
+from benchmarks.harness import cli, db, throwaway_pg
+from benchmarks.harness.cli import run_with_logs
+from benchmarks.harness.machine import description, git_commit, load_average
+from benchmarks.harness.output import command_line, now_iso, write_checked
+from benchmarks.harness.worker import EMPTY_SQL, TOPIC_NONATOMIC, Bench
+from benchmarks.scenarios.scale.fill import insert_messages
+from benchmarks.scenarios.soak import HISTORY_TABLE
+from benchmarks.scenarios.soak.probe import claim_probe
+from benchmarks.scenarios.soak.report import checks, print_report
+from benchmarks.scenarios.soak.sizes import snapshot, storage_options
 
 DEFAULT_WORKER_ARGS = "--concurrency 4 --batch-size 100 --subscriptions none"
 NUMBERS = (
@@ -340,10 +339,7 @@ def run(args, logs):
         connections.close_all()
         cluster.close()
     print_report(result)
-    if args.json:
-        write_json(args.json, result)
-        print(f"\nwrote {args.json}")
-    return 0 if all(c["passed"] for c in result["checks"]) else 3
+    return write_checked(result, args.json)
 
 
 def report_only(args):
@@ -358,9 +354,4 @@ def main(argv=None):
     args = parse_args(argv)
     if args.report:
         return report_only(args)
-    with LogDir("pgqueue-soak-", keep=args.keep_logs) as logs:
-        return run_guarded(lambda: run(args, logs), logs)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return run_with_logs("pgqueue-soak-", args.keep_logs, lambda logs: run(args, logs))

@@ -4,8 +4,8 @@ in turn: what an option costs or buys, measured beside the others in the
 same rounds. How the defaults of batch size, prefetch, concurrency and the
 log level were chosen (docs/howto/sizing.rst).
 
-    .venv/bin/python benchmarks/worker_options.py
-    .venv/bin/python benchmarks/worker_options.py --topic bench.noop --rounds 5 \\
+    .venv/bin/python -m benchmarks worker-options
+    .venv/bin/python -m benchmarks worker-options --topic bench.noop --rounds 5 \\
         --options "" "--log-level DEBUG" "--concurrency 8"
 
 Each ``--options`` entry is a string of ``pgqueue_worker`` options added to
@@ -15,7 +15,7 @@ they say otherwise). Per round and entry: fill the queue with
 ``--messages`` messages of ``--topic`` (the testproject's no-op handlers:
 ``bench.noop_nonatomic``, ``bench.noop`` for atomic=True), then time the
 worker from its first claim to the queue's end (the same monitor as
-``compare.py``) and take its CPU time (``wait4``) less its start-up's
+the compare scenario) and take its CPU time (``wait4``) less its start-up's
 (a burst worker with the same options on an empty queue, median of 3).
 Reported per entry: the median jobs/s and CPU per message, and the median
 of the rounds' ratios to the first entry.
@@ -26,17 +26,15 @@ from __future__ import annotations
 import argparse
 import shlex
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
-from harness import db
-from harness.cli import require_bench_database
-from harness.monitor import DrainMonitor
-from harness.processes import Process
-from harness.tree import Tree
-from harness.worker import CLAIMED_SQL, EMPTY_SQL, TOPIC_NONATOMIC
-from instructions import fill
+from benchmarks.harness import db
+from benchmarks.harness.cli import require_bench_database
+from benchmarks.harness.monitor import DrainMonitor
+from benchmarks.harness.processes import Process
+from benchmarks.harness.tree import Tree
+from benchmarks.harness.worker import CLAIMED_SQL, EMPTY_SQL, TOPIC_NONATOMIC
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/pgqueue_bench_worker_options"
 DEFAULT_OPTIONS = [
@@ -58,7 +56,7 @@ def startup_cpu(tree: Tree, env: dict[str, str], url: str, options: str, log_dir
     """CPU seconds of a burst worker with ``options`` on an empty queue."""
     runs = []
     for i in range(3):
-        fill(url, TOPIC_NONATOMIC, 0)
+        db.fill_ready(url, TOPIC_NONATOMIC, 0)
         worker = run_worker(tree, env, options, log_dir / f"startup-{i}.log")
         if worker.wait(120) != 0:
             raise SystemExit(f"{options!r}: the worker exited {worker.returncode}")
@@ -68,7 +66,7 @@ def startup_cpu(tree: Tree, env: dict[str, str], url: str, options: str, log_dir
 
 def drain(tree, env, url, topic, messages, options, log_path) -> tuple[float, float]:
     """(jobs/s from the first claim to the queue's end, worker CPU seconds)."""
-    fill(url, topic, messages)
+    db.fill_ready(url, topic, messages)
     (first,) = db.fetch_row(url, "SELECT min(id) FROM django_pgqueue_message")
     monitor = DrainMonitor(url, (CLAIMED_SQL, [first]), (EMPTY_SQL, []), adaptive=True)
     monitor.start()
@@ -118,7 +116,3 @@ def main(argv: list[str]) -> int:
         print(f"{options or '(defaults)':40} {rate:9,.0f} {ratio:8.2f} {cpu:11.1f}")
     print(f"(logs in {log_dir})")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

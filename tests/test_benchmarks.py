@@ -1,0 +1,147 @@
+"""Every scenario of ``python -m benchmarks`` still runs: each with tiny
+sizes, through the real entry point, on bench databases of this test
+process's own (the chaos and soak scenarios run in tests/test_chaos.py and
+tests/test_soak.py, on throwaway clusters). The figures of runs this small
+mean nothing; what is asserted is that the run completes and reports what
+it measures. Peers that install from the network (pgqueuer, procrastinate,
+django-tasks-db, graphile-worker) are left out of the compare run."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+from benchmarks.scenarios import SCENARIOS
+
+from .conftest import run_benchmark
+
+pytestmark = [pytest.mark.slow]
+
+ELSEWHERE = {"chaos": "tests/test_chaos.py", "soak": "tests/test_soak.py"}
+
+
+def bench_url(suffix=""):
+    """A bench database of this test process's own: the developer's
+    database name, the xdist worker, "bench" (the scenarios' guard)."""
+    url = urlsplit(os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/pgqueue"))
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    name = f"{url.path.lstrip('/')}_{worker}_bench{suffix}"
+    return urlunsplit(url._replace(path=f"/{name}")), name
+
+
+def run(scenario, *args, timeout=300):
+    done = run_benchmark(scenario, *args, timeout=timeout)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    return done.stdout
+
+
+def test_help_lists_every_scenario_with_what_it_measures():
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--help"], capture_output=True, text=True, check=True
+    )
+    for name, scenario in SCENARIOS.items():
+        line = rf"^  {re.escape(name)} +{re.escape(scenario.measures)}$"
+        assert re.search(line, done.stdout, re.M), done.stdout
+    unknown = run_benchmark("no-such-scenario")
+    assert unknown.returncode == 2 and "unknown scenario 'no-such-scenario'" in unknown.stderr
+
+
+def test_every_scenario_has_a_smoke_run():
+    tested = {name.removeprefix("test_").replace("_", "-") for name in globals()}
+    assert set(SCENARIOS) - tested == set(ELSEWHERE)
+
+
+def test_throughput():
+    url, _ = bench_url()
+    out = run(
+        "throughput",
+        # Enough messages that the drain outlasts an empty-queue run (the
+        # scenario's own check; atomic handlers, the slower), even on a loaded machine.
+        *["--messages", "5000", "--startup-runs", "3", "--sweep", "none", "--skip", "nonatomic"],
+        *["--latency-samples", "3", "--latency-spacing-ms", "5"],
+        *["--idle-seconds", "1", "--idle-poll-interval", "0.5", "--database-url", url],
+    )
+    assert re.search(r"atomic=True +default \(--concurrency 4\): [\d,]+ jobs/s", out), out
+    assert re.search(r"p50 [\d.]+ ms", out), out
+
+
+def test_compare(tmp_path):
+    _, name = bench_url("_cmp")
+    run(
+        "compare",
+        *["--systems", "raw,pgqueue", "--skip-install", "--pgqueue-variants", "nonatomic"],
+        *["--messages", "300", "--enqueue-messages", "30", "--repeat", "1", "--processes", "1"],
+        *["--latency-samples", "3", "--latency-spacing-ms", "5", "--idle-seconds", "0"],
+        *["--json", tmp_path / "compare.json", "--markdown", tmp_path / "compare.md"],
+        *["--log-dir", tmp_path / "logs", "--database-prefix", name],
+    )
+    table = (tmp_path / "compare.md").read_text()
+    assert "| raw loop, batch 100 |" in table and "| django-pgqueue, atomic=False, tuned |" in table
+    result = json.loads((tmp_path / "compare.json").read_text())
+    statuses = {system["name"]: system["status"] for system in result["systems"]}
+    assert statuses == {"raw": "ok", "pgqueue": "ok"}
+
+
+def test_ab():
+    _, name = bench_url("_ab")
+    out = run(
+        "ab",
+        *["--before", ".", "--after", ".", "--before-python", sys.executable],
+        *["--after-python", sys.executable, "--rounds", "1", "--scenarios", "nonatomic,enqueue"],
+        *["--messages", "300", "--enqueue-messages", "30", "--database-prefix", name],
+    )
+    assert re.search(r"throughput, atomic=False \(jobs/s\) +[\d,]+", out), out
+    assert re.search(r"enqueue\(\), one per transaction \(msg/s\) +[\d,]+", out), out
+
+
+def test_scale():
+    url, _ = bench_url()
+    out = run(
+        "scale",
+        *["--messages", "300", "--repeat", "1", "--in-turn", "0", "--delayed", "2000"],
+        *["--dead-letters", "2000", "--claim-calls", "5", "--sparse-claim-calls", "5"],
+        *["--skip", "memory", "--tolerance", "100", "--latency-slack-ms", "1000"],
+        *["--database-url", url],
+    )
+    assert "loaded" in out and "baseline" in out, out
+
+
+def test_streams():
+    url, _ = bench_url()
+    out = run(
+        "streams",
+        *["--events", "3000", "--per-transaction", "500", "--timeout", "120"],
+        *["--database-url", url],
+    )
+    assert re.search(r"^ *\S+ +1 +[\d,]+ +[\d,]+-[\d,]+ +[\d.]+ ", out, re.M), out
+
+
+def test_insert_cost():
+    url, _ = bench_url()
+    out = run("insert-cost", "--n", "5", "--rounds", "1", "--database", url)
+    for variant in ("raw", "ours, no notify trigger", "ours, enqueue()'s INSERT", "enqueue()"):
+        assert re.search(rf"^  {re.escape(variant)} +\d+ us", out, re.M), out
+
+
+def test_worker_options():
+    url, _ = bench_url()
+    out = run(
+        "worker-options",
+        *["--messages", "500", "--rounds", "1", "--options", "", "--concurrency 8"],
+        *["--database-url", url],
+    )
+    assert "--concurrency 8" in out, out
+
+
+def test_instructions():
+    url, _ = bench_url()
+    out = run(
+        "instructions",
+        *["--messages", "2", "--scenarios", "enqueue-bulk", "--database-url", url],
+        timeout=600,
+    )
+    assert re.search(r"enqueue-bulk +[\d,]+$", out, re.M), out
