@@ -294,6 +294,7 @@ class Messages:
                 and isinstance(assign.targets[0], ast.Name)
                 and assign.targets[0].id == node.id
                 and assign.lineno <= node.lineno
+                and not any(sub is node for sub in ast.walk(assign.value))  # x = x + ...
             ]
             if not assigns:
                 return None
