@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from django.db import connections, transaction
 from django.db.models.functions import Now
 
-from django_pgqueue import conf, sql
+from django_pgqueue import conf
 from django_pgqueue.exceptions import QueueControlError
 from django_pgqueue.models import QueueState
+from django_pgqueue.sql import wakeups as wakeups_sql
 
 logger = logging.getLogger(__name__)
 
@@ -198,4 +199,4 @@ def notify_workers(payloads: list[str], using: str) -> None:
     no worker listens."""
     if payloads and conf.get("NOTIFY"):
         with connections[using].cursor() as cursor:
-            cursor.execute(sql.CONTROL_NOTIFY_SQL, [payloads])
+            cursor.execute(wakeups_sql.CONTROL_NOTIFY_SQL, [payloads])

@@ -27,7 +27,7 @@ from django_pgqueue.db import prepared_cursor
 from django_pgqueue.exceptions import InvalidMessage
 from django_pgqueue.fields import timestamp_from_text
 from django_pgqueue.models import UNFINISHED, Message, Status
-from django_pgqueue.sql_insert import (
+from django_pgqueue.sql.insert import (
     INSERT_NO_DEDUP_SQL,
     INSERT_ONE_NO_DEDUP_SQL,
     INSERT_ONE_PLAIN_SQL,

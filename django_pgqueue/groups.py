@@ -20,18 +20,20 @@ from django.db import connections, transaction
 from django.db.models import Exists
 from django.db.models.functions import Now
 
-from django_pgqueue import conf, sql
+from django_pgqueue import conf
 from django_pgqueue.models import GROUP_HEAD, Message, Status
+from django_pgqueue.sql import groups as groups_sql
+from django_pgqueue.sql import wakeups as wakeups_sql
 
 
-def promote_groups(limit: int = sql.PROMOTE_LIMIT) -> int:
+def promote_groups(limit: int = groups_sql.PROMOTE_LIMIT) -> int:
     """Promote the next message of each released group, in a transaction of
     its own unless the caller has one. Returns how many releases are left
     for another call (groups being promoted by another transaction right
     now, or past ``limit``)."""
     using = conf.database_alias()
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
-        cursor.execute(sql.PROMOTE_GROUPS_SQL, [limit, bool(conf.get("NOTIFY"))])
+        cursor.execute(groups_sql.PROMOTE_GROUPS_SQL, [limit, bool(conf.get("NOTIFY"))])
         left: int = cursor.fetchone()[0]
         return left
 
@@ -47,7 +49,7 @@ def lead_group(message: Message) -> bool:
         with connection.cursor() as cursor:
             # After the lock, the statements below see what a promotion of
             # this group that held it committed (READ COMMITTED).
-            cursor.execute(sql.GROUP_LOCK_SQL, [message.group_key])
+            cursor.execute(groups_sql.GROUP_LOCK_SQL, [message.group_key])
         has_head = Message.objects.using(using).filter(
             group_key=message.group_key, status__in=GROUP_HEAD
         )
@@ -59,7 +61,7 @@ def lead_group(message: Message) -> bool:
         )
         if led and conf.get("NOTIFY"):
             with connection.cursor() as cursor:
-                cursor.execute(sql.NOTIFY_SQL, [[message.queue]])
+                cursor.execute(wakeups_sql.NOTIFY_SQL, [[message.queue]])
     if led:
         message.status = Status.WAITING
     return bool(led)

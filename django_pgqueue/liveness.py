@@ -22,8 +22,11 @@ from typing import Any
 from django.db import connections
 from django.db.models.functions import Now
 
-from django_pgqueue import conf, sql
+from django_pgqueue import conf
 from django_pgqueue.models import Message, Status, WorkerHeartbeat
+from django_pgqueue.sql import acks as acks_sql
+from django_pgqueue.sql import probe as probe_sql
+from django_pgqueue.sql import timeouts as timeouts_sql
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,7 @@ class Beat:
     processed: int
 
     def params(self) -> list[Any]:
-        """sql.HEARTBEAT_SQL's parameters."""
+        """sql.probe.HEARTBEAT_SQL's parameters."""
         return [
             self.worker_id,
             self.hostname,
@@ -56,14 +59,16 @@ class Beat:
 def heartbeat(beat: Beat) -> None:
     """Record that the worker ``beat`` describes is alive, in one statement."""
     connection = connections[conf.database_alias()]
-    statement, params, _skip = sql.with_limits(sql.heartbeat_statement(connection), beat.params())
+    statement, params, _skip = timeouts_sql.with_limits(
+        probe_sql.heartbeat_statement(connection), beat.params()
+    )
     with connection.cursor() as cursor:
         cursor.execute(statement, params)
 
 
 def unregister(worker_id: str) -> None:
     """Remove a stopping worker's row: it is gone, not dead."""
-    with sql.worker_transaction():
+    with timeouts_sql.worker_transaction():
         WorkerHeartbeat.objects.using(conf.database_alias()).filter(worker_id=worker_id).delete()
 
 
@@ -80,8 +85,8 @@ def extend_leases(
     using = conf.database_alias()
     expiry = (Now() if now is None else now) + datetime.timedelta(seconds=lease_seconds)
     lost: set[int] = set()
-    with sql.worker_transaction(using):
-        for token, ids in sql.ids_by_token(messages).items():
+    with timeouts_sql.worker_transaction(using):
+        for token, ids in acks_sql.ids_by_token(messages).items():
             unlocked = (
                 Message.objects.using(using)
                 .select_for_update(skip_locked=True)
@@ -120,7 +125,7 @@ def cancel_requested(jobs: Sequence[Any]) -> set[int]:
 
 @dataclass(frozen=True)
 class Probe:
-    """An idle worker's view of the queue (sql.PROBE_SQL)."""
+    """An idle worker's view of the queue (sql.probe.PROBE_SQL)."""
 
     now: datetime.datetime  # the database's clock
     next_run_at: datetime.datetime | None  # earliest run_at waiting in the queues
@@ -145,14 +150,14 @@ class Probe:
 
 
 def probe(queues: Sequence[str], beat: Beat | None = None) -> Probe:
-    """What an idle worker needs to know, in one query (see sql.PROBE_SQL);
+    """What an idle worker needs to know, in one query (see sql.probe.PROBE_SQL);
     with ``beat``, the same statement records the worker's heartbeat."""
     connection = connections[conf.database_alias()]
-    statement = sql.probe_statement(connection, with_heartbeat=beat is not None)
+    statement = probe_sql.probe_statement(connection, with_heartbeat=beat is not None)
     params: list[Any] = [list(queues)]
     if beat is not None:
         params = [*beat.params(), *params]
-    statement, params, skip = sql.with_limits(statement, params)
+    statement, params, skip = timeouts_sql.with_limits(statement, params)
     with connection.cursor() as cursor:
         cursor.execute(statement, params)
         for _ in range(skip):

@@ -34,22 +34,15 @@ from django.db import connections
 from django.db.models import F, Q
 from django.db.models.functions import Now
 
-from django_pgqueue import (
-    conf,
-    lifecycle,
-    policy,
-    registry,
-    retention,
-    sql,
-    sql_history,
-    streams,
-    vacuum,
-)
+from django_pgqueue import conf, lifecycle, policy, registry, retention, streams, vacuum
 from django_pgqueue.models import Category, Message, QueueStart, Status, WorkerHeartbeat
+from django_pgqueue.sql import history as history_sql
+from django_pgqueue.sql import maintenance as maintenance_sql
+from django_pgqueue.sql import timeouts as timeouts_sql
 
 logger = logging.getLogger(__name__)
 
-# The maintenance lock's key (sql.MAINTENANCE_LOCK_SQL): "pgqu".
+# The maintenance lock's key (sql.maintenance.MAINTENANCE_LOCK_SQL): "pgqu".
 MAINTENANCE_LOCK_KEY = 0x70677175
 
 # A dead worker's row stays this long after its last heartbeat (retention).
@@ -99,7 +92,7 @@ class RescueResult:
 def try_maintenance_lock() -> bool:
     """Inside a transaction: take the maintenance lock if no one holds it."""
     with connections[conf.database_alias()].cursor() as cursor:
-        cursor.execute(sql.MAINTENANCE_LOCK_SQL, [MAINTENANCE_LOCK_KEY])
+        cursor.execute(maintenance_sql.MAINTENANCE_LOCK_SQL, [MAINTENANCE_LOCK_KEY])
         taken: bool = cursor.fetchone()[0]
         return taken
 
@@ -111,7 +104,7 @@ def run_once(
 
     Returns a MaintenanceResult, or None when another worker holds the lock.
     """
-    with sql.worker_transaction():
+    with timeouts_sql.worker_transaction():
         if not try_maintenance_lock():
             logger.debug(
                 "Maintenance round in process %s skipped: another holds the lock", os.getpid()
@@ -122,7 +115,7 @@ def run_once(
         pruned = retention.delete_batch("workers", now, conf.database_alias(), retention.BATCH_SIZE)
         events_pruned = streams.prune_events(now=now)
         cancelled_pruned = prune_cancelled(now=now)
-        sql_history.fold_counts(now)  # the overview's counts: one row per minute
+        history_sql.fold_counts(now)  # the overview's counts: one row per minute
         # Logged before the commit releases the lock: the rounds' times, in
         # the logs of every worker, never overlap (one worker at a time).
         logger.debug(
@@ -181,16 +174,16 @@ def prune(
         while True:
             if time.monotonic() >= deadline:
                 return _pruned(PruneResult(counts, complete=False))
-            with sql.worker_transaction(using):
+            with timeouts_sql.worker_transaction(using):
                 if not try_maintenance_lock():
                     return _pruned(PruneResult(counts, complete=False))
                 deleted = retention.delete_batch(kind, now, using, batch_size)
             counts[kind] += deleted
             if deleted < batch_size:
                 break
-    with sql.worker_transaction(using):
+    with timeouts_sql.worker_transaction(using):
         if try_maintenance_lock():
-            sql_history.summarize_history_indexes(using)
+            history_sql.summarize_history_indexes(using)
     return _pruned(PruneResult(counts))
 
 
@@ -228,7 +221,7 @@ def rescue_expired(now: datetime.datetime | None = None, limit: int = 1000) -> R
         | Q(lease_expires_at__isnull=True)
         | Q(lease_token__isnull=True)
     )
-    with sql.worker_transaction(using):
+    with timeouts_sql.worker_transaction(using):
         expired = list(
             Message.objects.using(using)
             .select_for_update(skip_locked=True)

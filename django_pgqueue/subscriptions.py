@@ -1,5 +1,6 @@
-"""The subscription operations' first documented path, kept so that code
-written against it goes on working. They live in
+"""Kept only as the first documented path of the subscription operations.
+
+Code written against it goes on working; the operations live in
 ``django_pgqueue.streams.subscriptions``."""
 
 from django_pgqueue.streams.subscriptions import dead_letter_blocked, pause, reset, resume

@@ -37,7 +37,7 @@ from django.db.models import QuerySet
 from django.test import TestCase
 from django.utils import timezone
 
-from django_pgqueue import conf, lifecycle, registry, sql
+from django_pgqueue import conf, lifecycle, registry
 from django_pgqueue.models import Message, Status
 from django_pgqueue.observability.metrics import (
     CANCELLED,
@@ -47,6 +47,7 @@ from django_pgqueue.observability.metrics import (
     NullMetrics,
 )
 from django_pgqueue.schedules import configured, runs, state
+from django_pgqueue.sql import claim as claim_sql
 from django_pgqueue.worker.acks import Acks
 from django_pgqueue.worker.config import WorkerConfig
 from django_pgqueue.worker.executor import Executor
@@ -334,7 +335,7 @@ class _Runner:
             now=now,
             promote=True,  # every round: a group whose message finished goes on
         ).rows
-        jobs = [Job(row=row, spec=registry.lookup(row[sql.ROW_TOPIC])) for row in claimed]
+        jobs = [Job(row=row, spec=registry.lookup(row[claim_sql.ROW_TOPIC])) for row in claimed]
         wanted = [j for j in jobs if self.topics is None or j.message.topic in self.topics]
         ran, left = wanted[:limit], wanted[limit:]
         left += [j for j in jobs if j not in wanted]

@@ -50,10 +50,9 @@ LAYERS = [
         [
             "django_pgqueue.policy",
             "django_pgqueue.registry",
+            # sql/: the statements the ORM cannot say, a module per concern (claim,
+            # limited, acks, history, insert, timeouts, probe, wakeups, groups...)
             "django_pgqueue.sql",
-            "django_pgqueue.sql_limited",  # the claim of a queue with limits
-            "django_pgqueue.sql_history",  # the history and counts written with the outcomes
-            "django_pgqueue.sql_insert",  # enqueue()'s and enqueue_many()'s INSERTs
             "django_pgqueue.running",  # cancel_requested(): what a handler asks of its run
             "django_pgqueue.tracing",  # OpenTelemetry spans: enqueue, worker, streams call it
             "django_pgqueue.notify",

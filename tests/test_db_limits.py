@@ -16,8 +16,9 @@ from django.db import OperationalError, connection
 from django.test import override_settings
 
 from django_pgqueue import checks as pgqueue_checks
-from django_pgqueue import conf, enqueue, enqueue_many, lifecycle, liveness, registry, sql
+from django_pgqueue import conf, enqueue, enqueue_many, lifecycle, liveness, registry
 from django_pgqueue.models import DeadLetter, Message, Status
+from django_pgqueue.sql import timeouts as timeouts_sql
 
 from .conftest import database_url, raw_connection, running_worker, wait_until
 
@@ -48,11 +49,11 @@ def test_timeouts_reject_what_postgresql_cannot_take(key, value):
 
 def test_defaults_and_how_postgresql_gets_them():
     assert (conf.get("LOCK_TIMEOUT"), conf.get("STATEMENT_TIMEOUT")) == (5.0, 60.0)
-    assert sql.limits() == ["5000ms", "60000ms"]
+    assert timeouts_sql.limits() == ["5000ms", "60000ms"]
     with override_settings(PGQUEUE={"LOCK_TIMEOUT": 0.0015, "STATEMENT_TIMEOUT": None}):
-        assert sql.limits() == ["2ms", None]
+        assert timeouts_sql.limits() == ["2ms", None]
     with override_settings(PGQUEUE={"LOCK_TIMEOUT": None, "STATEMENT_TIMEOUT": None}):
-        assert sql.limits() is None
+        assert timeouts_sql.limits() is None
 
 
 def test_a_lock_timeout_not_below_the_statement_timeout_is_a_warning():

@@ -32,6 +32,7 @@ DOCS = ROOT / "docs"
 sys.path.insert(0, str(DOCS / "_ext"))
 
 import pgqueue_docs  # noqa: E402  (docs/_ext, put on the path above)
+from pgqueue_docs.source import PLACEHOLDER  # noqa: E402
 
 # --- the snippet runner ----------------------------------------------------------------------
 
@@ -369,6 +370,79 @@ def test_every_check_id_in_the_source_is_on_the_checks_page():
         f"{unexplained}: no checks.Error/Warning(..., id=...) or (id, message, hint) "
         "found for these ids; the checks reference cannot show their message"
     )
+
+
+# One entry for each problem a schedule entry can have (schedules.spec); the
+# schedule declared twice (configured) is added by the test.
+BAD_SCHEDULES = {
+    "bad name": {"every": 5, "topic": "t"},
+    "not-a-dict": 5,
+    "unknown": {"every": 5, "topic": "t", "evry": 5},
+    "both": {"cron": "0 3 * * *", "every": 5, "topic": "t", "task": "a.b"},
+    "neither": {"queue": "q"},
+    "cron-type": {"cron": 5, "topic": "t"},
+    "cron-fields": {"cron": "0 3 * *", "topic": "t"},
+    "cron-bad": {"cron": "0 25 * * *", "topic": "t"},
+    "every": {"every": 0.5, "topic": "t"},
+    "topic": {"every": 5, "topic": ""},
+    "task": {"every": 5, "task": "nodots"},
+    "payload-task": {"every": 5, "task": "a.b", "payload": {}},
+    "payload-json": {"every": 5, "topic": "t", "payload": {1: "x"}},
+    "args-topic": {"every": 5, "topic": "t", "args": [1]},
+    "args-type": {"every": 5, "task": "a.b", "args": 1},
+    "kwargs-topic": {"every": 5, "topic": "t", "kwargs": {}},
+    "kwargs-type": {"every": 5, "task": "a.b", "kwargs": {1: 2}},
+    "queue": {"every": 5, "topic": "t", "queue": "bad queue"},
+    "priority": {"every": 5, "topic": "t", "priority": 101},
+    "zone-type": {"every": 5, "topic": "t", "timezone": ""},
+    "zone": {"every": 5, "topic": "t", "timezone": "Nowhere/Land"},
+    "backfill": {"every": 5, "topic": "t", "backfill": -5},
+    "enabled": {"every": 5, "topic": "t", "enabled": "yes"},
+}
+
+
+def _shown_as(form, text):
+    """Whether ``text`` is what the reference's ``form`` shows, each ``…``
+    standing for a value known only when the check runs."""
+    pattern = ".*".join(re.escape(part) for part in form.split(PLACEHOLDER))
+    return re.fullmatch(pattern, text, re.S) is not None
+
+
+def test_the_schedule_check_is_shown_with_every_problem_it_reports():
+    """pgqueue.E110's message is made of the problem the schedule has: the
+    reference shows each problem and its hint, not a placeholder, and every
+    error the check really makes is one of the forms shown."""
+    from django.test import override_settings
+
+    from django_pgqueue import handler, registry
+    from django_pgqueue.checks import check_schedules
+
+    documented = [m for m in pgqueue_docs.check_messages() if m.id == "pgqueue.E110"]
+    forms = [(text, m.hint.split(" / ")) for m in documented for text in m.messages]
+    bare = [text for text, _ in forms if text.endswith(f"]: {PLACEHOLDER}.")]
+    assert not bare, f"E110 shown without its problem: {bare}"
+    assert PLACEHOLDER not in [h for _, hints in forms for h in hints]
+
+    @handler("twice", schedule=60)
+    def twice(message):
+        pass
+
+    try:
+        schedules = {**BAD_SCHEDULES, "twice": {"every": 5, "topic": "t"}}
+        with override_settings(PGQUEUE={"SCHEDULES": schedules}):
+            errors = [e for e in check_schedules() if e.id == "pgqueue.E110"]
+    finally:
+        registry.unregister("twice")
+    assert len(errors) >= len(schedules), [e.msg for e in errors]
+    unshown = [
+        (error.msg, error.hint)
+        for error in errors
+        if not any(
+            _shown_as(text, error.msg) and any(_shown_as(h, error.hint) for h in hints)
+            for text, hints in forms
+        )
+    ]
+    assert not unshown, f"E110 errors the reference does not show: {unshown}"
 
 
 def test_every_signal_is_documented_with_where_it_is_sent():

@@ -13,7 +13,7 @@ from django.db import IntegrityError, connection, transaction
 from django_pgqueue import enqueue, enqueue_many, lifecycle, liveness
 from django_pgqueue.groups import promote_groups
 from django_pgqueue.models import Category, DeadLetter, GroupRelease, Message, Status
-from django_pgqueue.sql import claim_statement
+from django_pgqueue.sql.claim import claim_statement
 
 from .claiming import ack_many
 from .claiming import claim as claim_messages

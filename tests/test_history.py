@@ -12,7 +12,7 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_pgqueue import enqueue, lifecycle, sql, sql_history
+from django_pgqueue import enqueue, lifecycle
 from django_pgqueue.models import (
     DeadLetter,
     FinishedMessage,
@@ -21,6 +21,8 @@ from django_pgqueue.models import (
     OutcomeCount,
     Status,
 )
+from django_pgqueue.sql import acks as acks_sql
+from django_pgqueue.sql import history as history_sql
 from django_pgqueue.worker import Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -148,8 +150,8 @@ def test_with_keep_finished_0_the_statements_are_the_old_ones_and_nothing_is_kep
     make_message,
 ):
     ids = {None: [1, 2]}
-    assert sql_history.ack_statement(connection, ids) == sql.ack_statement(connection, ids)
-    assert sql_history.ack_statement(connection, ids, True) == sql.ack_statement(
+    assert history_sql.ack_statement(connection, ids) == acks_sql.ack_statement(connection, ids)
+    assert history_sql.ack_statement(connection, ids, True) == acks_sql.ack_statement(
         connection, ids, True
     )
     enqueue("test.record", {})
@@ -178,7 +180,7 @@ def test_two_connections_counting_the_same_minute_never_wait_for_each_other(
     queue and minute must not wait for it (each connection has its row)."""
     first = make_message(status=Status.PROCESSING)
     second = make_message(status=Status.PROCESSING)
-    statement, params = sql_history.ack_statement(connection, {first.lease_token: [first.pk]})
+    statement, params = history_sql.ack_statement(connection, {first.lease_token: [first.pk]})
     with other_connection.transaction():
         assert len(other_connection.execute(statement, params).fetchall()) == 1
         # Not committed yet: its count row is locked until it does.

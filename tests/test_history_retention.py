@@ -230,7 +230,7 @@ def test_every_kind_has_a_label_in_the_command():
 
 
 def test_the_round_folds_the_connections_counts_of_past_minutes():
-    from django_pgqueue import sql_history
+    from django_pgqueue.sql import history as history_sql
 
     past = NOW.replace(second=0) - datetime.timedelta(minutes=3)
     current = NOW.replace(second=0)
@@ -242,4 +242,4 @@ def test_the_round_folds_the_connections_counts_of_past_minutes():
     maintenance.run_once(now=NOW)
     rows = sorted(OutcomeCount.objects.values_list("minute", "shard", "count"))
     assert rows == [(past, 0, 6), (current, 103, 1)]
-    assert sql_history.fold_counts(NOW) == 0  # nothing left to fold
+    assert history_sql.fold_counts(NOW) == 0  # nothing left to fold

@@ -18,7 +18,8 @@ from django.utils import timezone
 from django_pgqueue import lifecycle, liveness, maintenance
 from django_pgqueue.models import Category, DeadLetter, Message, Status
 from django_pgqueue.signals import dead_lettered, message_retried
-from django_pgqueue.sql import ack_statement, claim_statement, ids_by_token
+from django_pgqueue.sql.acks import ack_statement, ids_by_token
+from django_pgqueue.sql.claim import claim_statement
 
 from .claiming import ack_and_claim, ack_many, claim
 from .conftest import raw_connection

@@ -8,9 +8,10 @@ import time
 
 import pytest
 
-from django_pgqueue import registry, sql
+from django_pgqueue import registry
 from django_pgqueue.db import RECONNECT_DELAY, RECONNECT_DELAY_CAP, Backoff
 from django_pgqueue.exceptions import DuplicateHandler
+from django_pgqueue.sql import claim as claim_sql
 from django_pgqueue.worker.config import WorkerConfig
 from django_pgqueue.worker.job import ACK_PENDING, DONE, FAILED, LOST, Job
 from django_pgqueue.worker.ledger import Ledger
@@ -45,8 +46,8 @@ class BuiltJob(Job):
     """A claimed job whose message is given, not decoded from a claim row."""
 
     def __init__(self, message, spec=None):
-        row = [None] * (sql.ROW_ID + 1)
-        row[sql.ROW_ID] = message.pk
+        row = [None] * (claim_sql.ROW_ID + 1)
+        row[claim_sql.ROW_ID] = message.pk
         super().__init__(row=tuple(row), spec=spec)
         self.given = message
 

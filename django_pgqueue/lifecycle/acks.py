@@ -14,9 +14,12 @@ from collections.abc import Sequence
 from django.db import connections
 from django.db.models import Q
 
-from django_pgqueue import conf, sql, sql_history
+from django_pgqueue import conf
 from django_pgqueue.lifecycle.guards import log_lease_lost
 from django_pgqueue.models import Message, Status
+from django_pgqueue.sql import acks as acks_sql
+from django_pgqueue.sql import history as history_sql
+from django_pgqueue.sql import timeouts as timeouts_sql
 
 
 def ack(message: Message) -> bool:
@@ -60,7 +63,7 @@ def still_leased(messages: Sequence[Message]) -> set[int]:
     """The ids of ``messages`` that their own lease still holds: one plain
     SELECT, which never waits for a row lock."""
     held = Q()
-    for token, ids in sql.ids_by_token(messages).items():
+    for token, ids in acks_sql.ids_by_token(messages).items():
         held |= Q(pk__in=ids, lease_token=token)
     return set(
         Message.objects.using(conf.database_alias())
@@ -83,14 +86,14 @@ def ack_leased(
     if not messages:
         return set()  # (no statement: an empty condition is not SQL)
     connection = connections[conf.database_alias()]
-    statement, params = sql_history.ack_statement(
-        connection, sql.ids_by_token(messages), skip_locked
+    statement, params = history_sql.ack_statement(
+        connection, acks_sql.ids_by_token(messages), skip_locked
     )
     if async_commit:
-        statement = sql.ASYNC_COMMIT_SQL + statement
+        statement = acks_sql.ASYNC_COMMIT_SQL + statement
     skip = 0
     if not skip_locked:  # only a statement that may wait for a lock needs the limits
-        statement, params, skip = sql.with_limits(statement, params)
+        statement, params, skip = timeouts_sql.with_limits(statement, params)
     with connection.cursor() as cursor:
         cursor.execute(statement, params)
         for _ in range(skip + async_commit):

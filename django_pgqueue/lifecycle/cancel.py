@@ -23,7 +23,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.db.models.functions import Coalesce
 
-from django_pgqueue import conf, controls, groups, signals, sql, sql_history
+from django_pgqueue import conf, controls, groups, signals
 from django_pgqueue.exceptions import QueueControlError
 from django_pgqueue.lifecycle.guards import (
     NO_LEASE,
@@ -35,6 +35,8 @@ from django_pgqueue.lifecycle.guards import (
 )
 from django_pgqueue.models import Message, Outcome, Status
 from django_pgqueue.paging import ids_in_chunks, slices
+from django_pgqueue.sql import history as history_sql
+from django_pgqueue.sql import timeouts as timeouts_sql
 
 CHUNK_SIZE = 500  # messages locked and changed per transaction
 # The control channel's payload that asks the workers to stop running
@@ -108,13 +110,13 @@ def cancel_running(
     }
     if error:
         changes["last_error"] = error
-    with sql.worker_transaction(using):
+    with timeouts_sql.worker_transaction(using):
         if not leased(message, using).update(**changes):
             log_lease_lost(message, "not cancelled")
             return False
         # Its run started at the claim (the row's updated_at is now the
         # cancellation's); the worker's copy of the row still has it.
-        sql_history.record(
+        history_sql.record(
             [message.pk],
             Outcome.CANCELLED,
             now=now,
@@ -157,7 +159,7 @@ def _cancel_chunk(
 ) -> None:
     clock = now_or_db(now)
     waiting = [Status.WAITING, Status.BLOCKED]
-    with sql.worker_transaction(using):
+    with timeouts_sql.worker_transaction(using):
         # The rows locked, in id order (two cancels never deadlock); their
         # payload is not needed, and may be JSON Python cannot load.
         rows = list(
@@ -184,7 +186,7 @@ def _cancel_chunk(
             Message.objects.using(using).filter(
                 pk__in=[row.pk for row in at_once], status__in=waiting
             ).update(status=Status.CANCELLED, cancel_requested_at=clock, updated_at=clock)
-            sql_history.record([row.pk for row in at_once], Outcome.CANCELLED, now=now, using=using)
+            history_sql.record([row.pk for row in at_once], Outcome.CANCELLED, now=now, using=using)
             if any(row.group_key is not None for row in at_once):
                 # Its group goes on now, as after an acknowledgement (the
                 # trigger recorded the release; workers are woken).

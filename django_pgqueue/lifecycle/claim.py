@@ -3,8 +3,8 @@
 Each cycle the worker's loop acknowledges what its atomic=False handlers
 finished and leases the next ready messages in one round trip
 (``ack_and_claim_rows``); its handler threads turn the claimed rows into
-messages (``message_from_row``). The statements are sql.CLAIM_SQL and
-sql.ACK_UNLOCKED_SQL.
+messages (``message_from_row``). The statements are sql.claim.CLAIM_SQL and
+sql.acks.ACK_UNLOCKED_SQL.
 """
 
 from __future__ import annotations
@@ -18,18 +18,23 @@ from typing import Any
 
 from django.db import connections
 
-from django_pgqueue import conf, sql, sql_history, sql_limited
+from django_pgqueue import conf
 from django_pgqueue.conf.limits import Limits
 from django_pgqueue.db import prepared_cursor
 from django_pgqueue.lifecycle.acks import unacknowledged
 from django_pgqueue.lifecycle.guards import UNDECODABLE, logger
 from django_pgqueue.models import Message, timestamp_from_text
-from django_pgqueue.sql import ROW_ATTEMPTS, ROW_ID, ROW_PRIORITY, ROW_RUN_AT, ROW_TOPIC
+from django_pgqueue.sql import acks as acks_sql
+from django_pgqueue.sql import claim as claim_sql
+from django_pgqueue.sql import groups as groups_sql
+from django_pgqueue.sql import history as history_sql
+from django_pgqueue.sql import limited as limited_sql
+from django_pgqueue.sql.claim import ROW_ATTEMPTS, ROW_ID, ROW_PRIORITY, ROW_RUN_AT, ROW_TOPIC
 
 
 @dataclass(frozen=True)
 class LimitState:
-    """A queue with limits, as its claim left it (sql_limited.LIMITED_STATE_SQL)."""
+    """A queue with limits, as its claim left it (sql.limited.LIMITED_STATE_SQL)."""
 
     processing: int  # its messages processing, all workers'
     started: int  # starts in its rate's window (0 without a rate)
@@ -74,7 +79,7 @@ def ack_and_claim_rows(
     commit: after a server crash one may be lost and its message delivered
     again, which atomic=False handlers accept.
 
-    One claim statement (sql.CLAIM_SQL) per queue, in the order given, until
+    One claim statement (sql.claim.CLAIM_SQL) per queue, in the order given, until
     ``limit``: an ordered index scan each, where an IN list over several
     queues would sort every waiting row. Each claimed message gets the
     claim's fresh lease token and counts an attempt. ``few_ready``: the
@@ -100,7 +105,7 @@ def ack_and_claim_rows(
     for name in queues:
         queue_limits = limits.get(name) if limits else None
         if queue_limits is None:
-            claim_sql, claim_params = sql.claim_statement(
+            statement, claim_params = claim_sql.claim_statement(
                 using,
                 name,
                 limit - len(claimed),
@@ -111,10 +116,10 @@ def ack_and_claim_rows(
                 few_ready=few_ready,
                 token=token,
             )
-            claim_statements = [claim_sql]
+            claim_statements = [statement]
         else:
             rate = queue_limits.rate
-            claim_statements, claim_params = sql_limited.limited_claim_statements(
+            claim_statements, claim_params = limited_sql.limited_claim_statements(
                 using,
                 name,
                 limit - len(claimed),
@@ -137,14 +142,14 @@ def ack_and_claim_rows(
             statements: list[str] = []
             params: list[Any] = []
             if pending:
-                ack_sql, ack_params = sql_history.ack_statement(
-                    connection, sql.ids_by_token(pending), skip_locked=True
+                ack_sql, ack_params = history_sql.ack_statement(
+                    connection, acks_sql.ids_by_token(pending), skip_locked=True
                 )
                 statements.append(ack_sql)
                 params += ack_params
             if promote:
-                statements.append(sql.PROMOTE_GROUPS_SQL)
-                params += [sql.PROMOTE_LIMIT, bool(conf.get("NOTIFY"))]
+                statements.append(groups_sql.PROMOTE_GROUPS_SQL)
+                params += [groups_sql.PROMOTE_LIMIT, bool(conf.get("NOTIFY"))]
             with connection.cursor() as cursor:
                 cursor.execute(";".join([*statements, *claim_statements]), [*params, *claim_params])
                 if pending:
@@ -198,8 +203,8 @@ def message_from_row(row: Sequence[Any], database: str | None = None) -> Message
     """A Message from a row of the claim (``ClaimResult.rows``), built as a
     queryset builds one (``Model.from_db``) from the row's decoded values;
     ``database``: the alias it was claimed from (default: the queue's)."""
-    values, undecodable = sql.decode_claim_row(row)
-    message = Message.from_db(database or conf.database_alias(), sql.CLAIM_ATTNAMES, values)
+    values, undecodable = claim_sql.decode_claim_row(row)
+    message = Message.from_db(database or conf.database_alias(), claim_sql.CLAIM_ATTNAMES, values)
     if undecodable is not None:
         # The worker dead-letters such a message without loading it.
         setattr(message, UNDECODABLE, undecodable)

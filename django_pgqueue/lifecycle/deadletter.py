@@ -13,9 +13,11 @@ from django.db import transaction
 from django.db.models import Subquery
 from django.utils import timezone
 
-from django_pgqueue import conf, policy, registry, signals, sql, sql_history
+from django_pgqueue import conf, policy, registry, signals
 from django_pgqueue.lifecycle.guards import UNDECODABLE, log_extra, log_lease_lost, logger
 from django_pgqueue.models import DeadLetter, Message, Outcome, Status
+from django_pgqueue.sql import history as history_sql
+from django_pgqueue.sql import timeouts as timeouts_sql
 
 # The fields a dead letter keeps of its message as they are.
 _COPIED_TO_DEAD_LETTER = "queue topic priority group_key dedup_key attempts max_attempts".split()
@@ -39,7 +41,7 @@ def dead_letter(
     """
     using = conf.database_alias()
     now = now or timezone.now()
-    with sql.worker_transaction(using):
+    with timeouts_sql.worker_transaction(using):
         # The payload and headers are copied in the server, never loaded
         # here: they are what was stored, even JSON that Python cannot load.
         rows = (
@@ -82,7 +84,7 @@ def dead_letter(
             else:
                 del dead.__dict__[attname]
         # Into the history before its row goes (KEEP_FINISHED), with the link.
-        sql_history.record(
+        history_sql.record(
             [row.pk],
             Outcome.DEAD_LETTERED,
             now=now,

@@ -14,7 +14,7 @@ from django.db import connections, transaction
 from django.db.models import F, QuerySet, Value
 from django.db.models.functions import Coalesce, Greatest, Now
 
-from django_pgqueue import conf, signals, sql, sql_history
+from django_pgqueue import conf, signals
 from django_pgqueue.lifecycle.cancel import cancel_running
 from django_pgqueue.lifecycle.guards import (
     NO_LEASE,
@@ -25,6 +25,10 @@ from django_pgqueue.lifecycle.guards import (
     now_or_db,
 )
 from django_pgqueue.models import Category, Message, Status
+from django_pgqueue.sql import acks as acks_sql
+from django_pgqueue.sql import history as history_sql
+from django_pgqueue.sql import timeouts as timeouts_sql
+from django_pgqueue.sql import wakeups as wakeups_sql
 
 
 def _requeue(
@@ -67,11 +71,11 @@ def retry_later(
     """
     using = conf.database_alias()
     clock = now_or_db(now)
-    with sql.worker_transaction(using):
+    with timeouts_sql.worker_transaction(using):
         run_at = clock + datetime.timedelta(seconds=delay)
         updated = _requeue(message, using, run_at, category, error, clock)
         if updated:
-            sql_history.count_retry(message.queue, now, using)
+            history_sql.count_retry(message.queue, now, using)
     if not updated:
         log_lease_lost(message, "retry not recorded")
     return bool(updated)
@@ -87,11 +91,12 @@ def requeue_lost(message: Message, reason: str, now: datetime.datetime | None = 
     no longer under that lease."""
     using = conf.database_alias()
     clock = now_or_db(now)
-    with sql.worker_transaction(using, savepoint=False):  # one of many in the rescue's transaction
+    # One of many in the rescue's transaction.
+    with timeouts_sql.worker_transaction(using, savepoint=False):
         if not _requeue(message, using, clock, Category.TRANSIENT, reason, clock):
             log_lease_lost(message, "not rescued")
             return False
-        sql_history.count_retry(message.queue, now, using)
+        history_sql.count_retry(message.queue, now, using)
         retried = functools.partial(
             signals.send,
             signals.message_retried,
@@ -121,8 +126,8 @@ def release(messages: Sequence[Message]) -> int:
     was asked end cancelled instead (they never run again)."""
     using = conf.database_alias()
     released = 0
-    with sql.worker_transaction(using):
-        for token, ids in sql.ids_by_token(messages).items():
+    with timeouts_sql.worker_transaction(using):
+        for token, ids in acks_sql.ids_by_token(messages).items():
             held = Message.objects.using(using).filter(
                 pk__in=ids, status=Status.PROCESSING, lease_token=token
             )
@@ -165,6 +170,6 @@ def run_now(
             # An UPDATE does not fire the insert trigger: wake the workers of
             # these queues the same way (delivered at commit).
             with connections[using].cursor() as cursor:
-                cursor.execute(sql.NOTIFY_SQL, [queues])
+                cursor.execute(wakeups_sql.NOTIFY_SQL, [queues])
     logger.info("Messages run now: %s", updated, extra={"state": "run_now", "count": updated})
     return updated

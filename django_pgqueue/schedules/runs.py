@@ -29,10 +29,11 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections, transaction
 from django.utils.module_loading import import_string
 
-from django_pgqueue import conf, enqueuing, sql
+from django_pgqueue import conf, enqueuing
 from django_pgqueue.models import Message
 from django_pgqueue.schedules import state, ticks
 from django_pgqueue.schedules.spec import ScheduleSpec
+from django_pgqueue.sql import timeouts as timeouts_sql
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ def run_round(
     failed: dict[str, str] = {}
     more = False
     own_transaction = not connections[using].in_atomic_block
-    with sql.worker_transaction(using):
+    with timeouts_sql.worker_transaction(using):
         locked = state.lock(list(by_name), idle_limit=own_transaction)
         clock, last = state.clock_and_last_ticks([row.name for row in locked])
         now = now or clock

@@ -18,8 +18,9 @@ from django.db import connections
 from django.db.models import F, OuterRef, Q, Subquery
 from django.db.models.functions import Now
 
-from django_pgqueue import conf, sql
+from django_pgqueue import conf
 from django_pgqueue.models import DeadLetter, Message, Schedule, ScheduleTick
+from django_pgqueue.sql import schedules as schedules_sql
 
 # The ledger keeps this many of a schedule's newest ticks (the admin shows
 # them), and every tick a scheduler may still try to enqueue (younger than
@@ -53,10 +54,12 @@ def lock(names: Sequence[str], idle_limit: bool = True) -> list[Locked]:
     """Inside a transaction: lock the state rows of ``names``, skipping those
     another scheduler holds (it is enqueuing their ticks right now). With
     ``idle_limit`` (the transaction is the round's own, not a caller's), the
-    server ends the transaction should it idle (sql.SCHEDULE_IDLE_LIMIT)."""
+    server ends the transaction should it idle (sql.schedules.SCHEDULE_IDLE_LIMIT)."""
     if idle_limit:
         with connections[conf.database_alias()].cursor() as cursor:
-            cursor.execute(sql.SCHEDULE_IDLE_LIMIT_SQL, [sql.SCHEDULE_IDLE_LIMIT])
+            cursor.execute(
+                schedules_sql.SCHEDULE_IDLE_LIMIT_SQL, [schedules_sql.SCHEDULE_IDLE_LIMIT]
+            )
     rows = (
         Schedule.objects.using(conf.database_alias())
         .select_for_update(skip_locked=True)
@@ -74,7 +77,10 @@ def clock_and_last_ticks(
     for one that never ticked)."""
     connection = connections[conf.database_alias()]
     with connection.cursor() as cursor:
-        cursor.execute(sql.schedule_statement(connection, sql.SCHEDULE_CURSORS_SQL), [list(names)])
+        cursor.execute(
+            schedules_sql.schedule_statement(connection, schedules_sql.SCHEDULE_CURSORS_SQL),
+            [list(names)],
+        )
         rows = cursor.fetchall()
     return rows[0][0], {name: tick for _, name, tick in rows if name is not None}
 
@@ -90,7 +96,8 @@ def record_ticks(
     connection = connections[conf.database_alias()]
     with connection.cursor() as cursor:
         cursor.execute(
-            sql.schedule_statement(connection, sql.SCHEDULE_TICKS_SQL), [name, list(ticks)]
+            schedules_sql.schedule_statement(connection, schedules_sql.SCHEDULE_TICKS_SQL),
+            [name, list(ticks)],
         )
         return [(pk, tick) for pk, tick in cursor.fetchall()]
 

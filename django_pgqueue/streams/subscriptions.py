@@ -36,10 +36,11 @@ from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from django_pgqueue import conf, signals, sql
+from django_pgqueue import conf, signals
 from django_pgqueue.exceptions import SubscriptionError
 from django_pgqueue.models import DeadLetter, StreamEvent
 from django_pgqueue.models.streams import Subscription, SubscriptionState
+from django_pgqueue.sql import timeouts as timeouts_sql
 from django_pgqueue.streams.subscribers import END
 from django_pgqueue.text import first_line
 
@@ -167,7 +168,7 @@ def try_lock(subscription_id):
 
 
 # advance(): what _save(batch, **ACTIVE) sends, written out so that the
-# worker's limits go in the same round trip (sql.with_limits). Once per
+# worker's limits go in the same round trip (sql.timeouts.with_limits). Once per
 # batch; the xids go as text (xid8 has no cast from bigint).
 ADVANCE_SQL = """UPDATE {subs} SET checkpoint_xid = %s::xid8, checkpoint_position = %s,
     state = 'active', attempts = 0, failing_position = NULL, retry_at = NULL,
@@ -184,7 +185,9 @@ def advance(batch):
     clock = batch.now or None
     params = [str(xid), position, batch.done, batch.done, clock, clock,
               batch.id, str(batch.xid), batch.position, batch.state]  # fmt: skip
-    statement, params, skip = sql.with_limits(ADVANCE_SQL.format(subs=_table(Subscription)), params)
+    statement, params, skip = timeouts_sql.with_limits(
+        ADVANCE_SQL.format(subs=_table(Subscription)), params
+    )
     with connections[conf.database_alias()].cursor() as cursor:
         cursor.execute(statement, params)
         for _ in range(skip):
@@ -272,7 +275,8 @@ def _save(batch, **fields):
     clock = batch.now or Now()
     if batch.done:
         fields.update(delivered=F("delivered") + batch.done, delivered_at=clock)
-    sql.set_limits(conf.database_alias())  # after the subscriber: its queries never get them
+    # After the subscriber: its queries never get them.
+    timeouts_sql.set_limits(conf.database_alias())
     changed = (
         Subscription.objects.using(conf.database_alias())
         .filter(pk=batch.id, checkpoint_xid=batch.xid, checkpoint_position=batch.position)
@@ -402,7 +406,7 @@ def _names(subscriptions):
 def _locked(name):
     """The subscription's row, read once its lock is held (in a transaction)."""
     using = conf.database_alias()
-    sql.set_limits(using)
+    timeouts_sql.set_limits(using)
     rows = Subscription.objects.using(using)
     pk = rows.filter(name=name).values_list("pk", flat=True).first()
     if pk is None:

@@ -17,10 +17,11 @@ from django.tasks.signals import task_finished, task_started
 from django.utils import timezone
 from django.utils.json import normalize_json
 
-from django_pgqueue import conf, policy, registry, sql
+from django_pgqueue import conf, policy, registry
 from django_pgqueue.exceptions import Permanent, Retry, describe
 from django_pgqueue.fields import finite_sql
 from django_pgqueue.models import Category, Message, TaskRecord, TaskStatus
+from django_pgqueue.sql import table
 from django_pgqueue.tasks import errors, options
 from django_pgqueue.tasks.options import TASK_TOPIC
 from django_pgqueue.tasks.results import load_task, task_result
@@ -153,7 +154,7 @@ def mark_started(
         "worker": message.locked_by,
         "now": timezone.now(),
     }
-    statement = MARK_STARTED_SQL.format(table=sql.table(connections[using], TaskRecord))
+    statement = MARK_STARTED_SQL.format(table=table(connections[using], TaskRecord))
     row = None
     for attempt in (1, 2):
         conn = _side_connection(using)

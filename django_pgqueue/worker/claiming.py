@@ -10,7 +10,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from django_pgqueue import conf, groups, lifecycle, registry, sql
+from django_pgqueue import conf, groups, lifecycle, registry
+from django_pgqueue.sql import claim as claim_sql
 from django_pgqueue.worker.acks import Acks
 from django_pgqueue.worker.config import Metrics, WorkerConfig
 from django_pgqueue.worker.controls import QueueControls
@@ -91,7 +92,7 @@ class Claimer:
         self.few_ready = len(rows) < asked
         self.acks.acknowledged(acks, result.acked, result.busy)
         self.claimed += len(rows)
-        lookup, topic, database = registry.lookup, sql.ROW_TOPIC, conf.database_alias()
+        lookup, topic, database = registry.lookup, claim_sql.ROW_TOPIC, conf.database_alias()
         jobs = [Job(row=row, spec=lookup(row[topic]), database=database) for row in rows]
         self.ledger.add(jobs)
         for job in jobs:

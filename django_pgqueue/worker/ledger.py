@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from django_pgqueue import sql
+from django_pgqueue.sql import claim as claim_sql
 from django_pgqueue.worker.config import AUTO_PREFETCH_SECONDS, WorkerConfig
 from django_pgqueue.worker.job import ACK_PENDING, SETTLED, Job
 
@@ -84,7 +84,7 @@ class Ledger:
         flight before any thread starts (an atomic batch sees them)."""
         with self._lock:
             for job in jobs:
-                self._inflight[job.row[sql.ROW_ID]] = job
+                self._inflight[job.row[claim_sql.ROW_ID]] = job
             self.queued += len(jobs)
 
     def start(self, job: Job) -> bool:

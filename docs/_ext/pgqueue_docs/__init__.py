@@ -15,7 +15,10 @@ from the code itself, so the pages cannot drift from it.
                            call that sends it
 ``pgqueue-commands``       every management command, from its argparse parser
 ``pgqueue-checks``         every system check id (``pgqueue.E001``...) in the
-                           package's source, with its messages and hints
+                           package's source, with its messages and hints; a
+                           message made of a problem object (``E110``'s
+                           ``InvalidSchedule``) shows each problem the
+                           check's code can find (``problems.py``)
 ``pgqueue-metrics``        the Prometheus metrics of ``metrics.py`` (a
                            worker's port) and ``scrape.py`` (the URL)
 ``pgqueue-endpoints``      the URLs of ``django_pgqueue.urls`` and a worker's
@@ -84,7 +87,15 @@ GENERATORS: dict[str, tuple[Callable[[], list[str]], list[str]]] = {
     "pgqueue-signals": (signals_rst, ["django_pgqueue.signals"]),
     "pgqueue-commands": (commands_rst, ["django_pgqueue.management.commands"]),
     "pgqueue-models": (models_rst, ["django_pgqueue.models"]),
-    "pgqueue-checks": (checks_rst, ["django_pgqueue.checks", "django_pgqueue.conf.problems"]),
+    "pgqueue-checks": (
+        checks_rst,
+        [
+            "django_pgqueue.checks",
+            "django_pgqueue.conf.problems",
+            "django_pgqueue.schedules.spec",
+            "django_pgqueue.schedules.configured",
+        ],
+    ),
     "pgqueue-metrics": (
         metrics_rst,
         ["django_pgqueue.observability.metrics", "django_pgqueue.observability.scrape"],

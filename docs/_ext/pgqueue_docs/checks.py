@@ -8,6 +8,7 @@ import ast
 import re
 from dataclasses import dataclass
 
+from pgqueue_docs.problems import carrier_name, problems_reported
 from pgqueue_docs.source import (
     Messages,
     enclosing_function,
@@ -69,6 +70,21 @@ def check_messages() -> list[CheckMessage]:
                 continue
             scope = enclosing_function(messages.tree, node)
             ident, message, hint = parts
+            carrier = carrier_name(message, hint)
+            if carrier is not None and isinstance(scope, ast.FunctionDef):
+                # The message is a problem object's: one entry per problem.
+                for problem in problems_reported(messages, scope):
+                    known = {carrier: problem.stand_in()}
+                    found.append(
+                        CheckMessage(
+                            id=ident,
+                            level=level,
+                            messages=messages.render(message, known, scope) if message else [],
+                            hint=" / ".join(messages.render(hint, known, scope)) if hint else "",
+                            where=name,
+                        )
+                    )
+                continue
             found.append(
                 CheckMessage(
                     id=ident,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
 import importlib
 import inspect
 import io
@@ -278,32 +279,108 @@ class Messages:
         self, node: ast.expr, known: dict[str, Any], scope: ast.AST | None
     ) -> list[str] | None:
         """The messages of a check function that ``node`` calls (or names
-        the result of, ``problem = check(value)``), or None."""
+        the result of, ``problem = check(value)``, or a choice of, ``said =
+        "both" if ... else "neither"``), or None. The function may be in
+        another module of the package (``conf.name_problem(...)``).
+        ``str(exc)`` of an exception caught around a call: the messages of
+        what that function raises."""
         if isinstance(node, ast.Name) and scope is not None:
-            for assign in ast.walk(scope):
-                if (
-                    isinstance(assign, ast.Assign)
-                    and len(assign.targets) == 1
-                    and isinstance(assign.targets[0], ast.Name)
-                    and assign.targets[0].id == node.id
-                    and isinstance(assign.value, ast.Call)
-                ):
-                    return self._called(assign.value, known, scope)
+            # The assignment that the name's use follows (the last one above it).
+            assigns = [
+                assign
+                for assign in ast.walk(scope)
+                if isinstance(assign, ast.Assign)
+                and len(assign.targets) == 1
+                and isinstance(assign.targets[0], ast.Name)
+                and assign.targets[0].id == node.id
+                and assign.lineno <= node.lineno
+                and not any(sub is node for sub in ast.walk(assign.value))  # x = x + ...
+            ]
+            if not assigns:
+                return None
+            value = max(assigns, key=lambda a: (a.lineno, a.col_offset)).value
+            if isinstance(value, ast.Call):
+                return self._called(value, known, scope)
+            return self.render(value, known, scope)
+        if not isinstance(node, ast.Call):
             return None
-        if not (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Name)
-            and node.func.id in self.functions
+        if (
+            isinstance(node.func, ast.Name)
+            and node.func.id == "str"
+            and len(node.args) == 1
+            and isinstance(node.args[0], ast.Name)
+            and scope is not None
         ):
+            return self._raised_around(node.args[0].id, known, scope)
+        target = self.resolve(node.func, scope)
+        if target is None:
             return None
-        function = self.functions[node.func.id]
+        messages, function = target
+        # A function that returns no message (a value, a setting) stays "…".
+        return messages.returned(function.name, self.bind(function, node, known)) or None
+
+    def bind(self, function: ast.FunctionDef, call: ast.Call, known: dict[str, Any]) -> dict:
+        """The arguments of ``call`` to ``function`` whose values are known,
+        by parameter name."""
         names = [a.arg for a in function.args.args]
         bound = {}
-        for name, arg in zip(names, node.args, strict=False):
+        for name, arg in zip(names, call.args, strict=False):
             value = self.evaluate(arg, known)
             if value is not UNKNOWN:
                 bound[name] = value
-        return self.returned(function.name, bound)
+        return bound
+
+    def resolve(
+        self, func: ast.expr, scope: ast.AST | None
+    ) -> tuple[Messages, ast.FunctionDef] | None:
+        """The function of the package that ``func`` (a call's callee)
+        names, with the Messages of its module; None for anything else."""
+        if isinstance(func, ast.Name) and func.id in self.functions:
+            return self, self.functions[func.id]
+        target = self.evaluate(func, self.imported_in(scope))
+        if not inspect.isfunction(target) or not target.__module__.startswith(PACKAGE + "."):
+            return None
+        other = messages_of(target.__module__)
+        function = other.functions.get(target.__name__)
+        return None if function is None else (other, function)
+
+    def imported_in(self, scope: ast.AST | None) -> dict[str, Any]:
+        """The names that ``import`` statements inside ``scope`` bind."""
+        found: dict[str, Any] = {}
+        for node in ast.walk(scope) if scope is not None else ():
+            try:
+                if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                    source = importlib.import_module(node.module)
+                    for alias in node.names:
+                        found[alias.asname or alias.name] = getattr(source, alias.name)
+                elif isinstance(node, ast.Import):
+                    for alias in node.names:
+                        bound = alias.name if alias.asname else alias.name.partition(".")[0]
+                        found[alias.asname or bound] = importlib.import_module(bound)
+            except (ImportError, AttributeError):
+                continue
+        return found
+
+    def _raised_around(self, name: str, known: dict[str, Any], scope: ast.AST) -> list[str] | None:
+        """The messages of the exceptions that the calls in the ``try`` of
+        ``except ... as name`` raise."""
+        for node in ast.walk(scope):
+            if not isinstance(node, ast.Try) or not any(h.name == name for h in node.handlers):
+                continue
+            messages: list[str] = []
+            for call in (c for s in node.body for c in ast.walk(s) if isinstance(c, ast.Call)):
+                target = self.resolve(call.func, scope)
+                if target is not None:
+                    other, function = target
+                    bound = {**other.literal_locals(function), **self.bind(function, call, known)}
+                    for found in ast.walk(function):
+                        if isinstance(found, ast.Raise) and isinstance(found.exc, ast.Call):
+                            for argument in found.exc.args[:1]:
+                                for message in other.render(argument, bound, function):
+                                    if message not in messages:
+                                        messages.append(message)
+            return messages or None
+        return None
 
     def returned(self, name: str, known: dict[str, Any] | None = None) -> list[str]:
         """Every message the module function ``name`` returns (None aside)."""
@@ -319,17 +396,46 @@ class Messages:
         return messages
 
     def literal_locals(self, function: ast.FunctionDef) -> dict[str, Any]:
+        """The locals of ``function`` assigned a literal, once."""
         found = {}
+        assigned: dict[str, int] = {}
         for node in ast.walk(function):
             if (
                 isinstance(node, ast.Assign)
                 and len(node.targets) == 1
                 and isinstance(node.targets[0], ast.Name)
             ):
+                name = node.targets[0].id
+                assigned[name] = assigned.get(name, 0) + 1
                 try:
-                    found[node.targets[0].id] = ast.literal_eval(node.value)
+                    found[name] = ast.literal_eval(node.value)
                 except ValueError:
                     pass
+        found = {name: value for name, value in found.items() if assigned[name] == 1}
+        # A name built in steps (hint = "..."; hint += ...): its value after
+        # the function's first statements, when every step is known.
+        stepped = {
+            node.target.id
+            for node in ast.walk(function)
+            if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name)
+        }
+        for name in stepped:
+            found.pop(name, None)
+        for statement in function.body:
+            target = statement.targets[0] if isinstance(statement, ast.Assign) else None
+            if isinstance(statement, ast.AugAssign):
+                target = statement.target
+            if not (isinstance(target, ast.Name) and target.id in stepped):
+                continue
+            assert isinstance(statement, ast.Assign | ast.AugAssign)
+            value = self.evaluate(statement.value, found)
+            if isinstance(statement, ast.AugAssign):
+                known = target.id in found and isinstance(statement.op, ast.Add)
+                value = found[target.id] + value if known and value is not UNKNOWN else UNKNOWN
+            if value is UNKNOWN:
+                found.pop(target.id, None)
+            else:
+                found[target.id] = value
         return found
 
     def evaluate(self, node: ast.expr, known: dict[str, Any]) -> Any:
@@ -354,6 +460,12 @@ class Messages:
 
 
 UNKNOWN = object()
+
+
+@functools.cache
+def messages_of(module: str) -> Messages:
+    """The Messages of a module of the package, read once."""
+    return Messages(module)
 
 
 def is_none(node: ast.expr) -> bool:

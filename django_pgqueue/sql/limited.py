@@ -1,8 +1,7 @@
-"""The SQL of the claim of a queue with limits (``PGQUEUE["QUEUES"]``'s
-concurrency and rate, or their run-time overrides): ``sql``'s claim with
-the free slots of the queue as its limit. Beside ``sql`` (whose rules it
-follows: named statements, why-comments, bound parameters, quoted
-identifiers) only to keep that module under 500 lines.
+"""The claim of a queue with limits (``PGQUEUE["QUEUES"]``'s concurrency
+and rate, or their run-time overrides): ``claim``'s UPDATE with the free
+slots of the queue as its limit, under the queue's advisory lock, and the
+queue's state after it.
 """
 
 from __future__ import annotations
@@ -15,7 +14,8 @@ from django.db import connections
 
 from django_pgqueue.conf.limits import LONGEST_PERIOD
 from django_pgqueue.models import Message, QueueStart
-from django_pgqueue.sql import ASYNC_COMMIT_COLUMN, CLAIM_SET, claim_columns, table
+from django_pgqueue.sql import table
+from django_pgqueue.sql.claim import ASYNC_COMMIT_COLUMN, CLAIM_SET, claim_columns
 
 # A queue's limits (concurrency, rate) hold for every worker on every host
 # together, so they are enforced where every claim meets: in the database.

@@ -13,7 +13,7 @@ rolled back, nor misses one that was acknowledged:
 - a retry only counts (``count_retry``).
 
 With ``PGQUEUE["KEEP_FINISHED"]`` 0 none of this runs: ``ack_statement``
-returns sql.ack_statement's text unchanged.
+returns ``acks.ack_statement``'s text unchanged.
 
 The counts are an upsert per (minute, queue, outcome) and connection
 (``shard``, the server process: no two connections share a row, so no
@@ -32,8 +32,10 @@ from typing import Any
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from django_pgqueue import conf, sql
+from django_pgqueue import conf
 from django_pgqueue.models import FinishedMessage, Message, Outcome, OutcomeCount
+from django_pgqueue.sql import acks as acks_sql
+from django_pgqueue.sql import table
 
 # The history's columns, in the order every INSERT below gives them.
 _HISTORY_COLUMNS = (
@@ -51,7 +53,7 @@ FROM {rows} GROUP BY queue ORDER BY queue
 ON CONFLICT (minute, queue, outcome, shard) DO UPDATE SET count = {counts}.count + excluded.count
 """
 
-# The acknowledgement (sql.ACK_SQL or ACK_UNLOCKED_SQL, its DELETE as
+# The acknowledgement (acks.ACK_SQL or ACK_UNLOCKED_SQL, its DELETE as
 # {delete}) with the history: the deleted rows go on into the history and
 # the counts, and the statement still returns the ids deleted. Started =
 # when the run was claimed (the claim's updated_at, which nothing changes
@@ -115,20 +117,20 @@ def ack_statement(
     ids: Mapping[uuid.UUID | None, Sequence[int]],
     skip_locked: bool = False,
 ) -> tuple[str, list[Any]]:
-    """sql.ack_statement's acknowledgement (same parameters, same result:
+    """acks.ack_statement's acknowledgement (same parameters, same result:
     the ids deleted), which also keeps the deleted messages in the history
     and counts them, when KEEP_FINISHED is not 0; else its text unchanged."""
-    statement, params = sql.ack_statement(connection, ids, skip_locked)
+    statement, params = acks_sql.ack_statement(connection, ids, skip_locked)
     if not keeping():
         return statement, params
     delete, _ = statement.rsplit("RETURNING id", 1)
-    counts = sql.table(connection, OutcomeCount)
+    counts = table(connection, OutcomeCount)
     count = _COUNT_SQL.format(
         counts=counts, finished="statement_timestamp()", outcome="done", rows="acked"
     )
     wrapped = ACK_HISTORY_SQL.format(
         delete=delete.strip(),
-        history=sql.table(connection, FinishedMessage),
+        history=table(connection, FinishedMessage),
         columns=_HISTORY_COLUMNS,
         count=count.strip(),
     )
@@ -152,10 +154,10 @@ def record(
         return
     outcome = Outcome(outcome).value  # written into the text: one of the known values only
     connection = connections[using or conf.database_alias()]
-    counts = sql.table(connection, OutcomeCount)
+    counts = table(connection, OutcomeCount)
     statement = RECORD_SQL.format(
-        message=sql.table(connection, Message),
-        history=sql.table(connection, FinishedMessage),
+        message=table(connection, Message),
+        history=table(connection, FinishedMessage),
         columns=_HISTORY_COLUMNS,
         outcome=outcome,
         count=_COUNT_SQL.format(
@@ -173,7 +175,7 @@ def count_retry(queue: str, now: datetime.datetime | None = None, using: str | N
     if not keeping():
         return
     connection = connections[using or conf.database_alias()]
-    statement = RETRY_COUNT_SQL.format(counts=sql.table(connection, OutcomeCount))
+    statement = RETRY_COUNT_SQL.format(counts=table(connection, OutcomeCount))
     with connection.cursor() as cursor:
         cursor.execute(statement, [now, queue])
 
@@ -202,7 +204,7 @@ def fold_counts(now: datetime.datetime | None = None, using: str | None = None) 
     the caller's transaction (the maintenance round's: one at a time).
     Returns the number of folded rows written."""
     connection = connections[using or conf.database_alias()]
-    statement = FOLD_COUNTS_SQL.format(counts=sql.table(connection, OutcomeCount))
+    statement = FOLD_COUNTS_SQL.format(counts=table(connection, OutcomeCount))
     with connection.cursor() as cursor:
         cursor.execute(statement, [now])
         return cursor.rowcount

@@ -1,4 +1,4 @@
-"""The INSERT statements of enqueue() and enqueue_many() (enqueuing.py),
+"""The INSERT statements of enqueue() and enqueue_many() (``enqueuing``),
 with ``{table}`` for the queue table's quoted name."""
 
 from __future__ import annotations

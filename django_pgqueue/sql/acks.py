@@ -1,0 +1,72 @@
+"""The acknowledgement: the DELETE of the messages a lease still holds,
+by lease token (``history`` wraps it to keep the history)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from django_pgqueue.models import Message
+from django_pgqueue.sql import table
+
+# Acknowledgement: the ORM cannot return the ids a DELETE removed, and
+# QuerySet.delete() adds a transaction of its own (three round trips instead
+# of one). The guard is the lease: only rows this lease still holds go.
+#
+# Messages of one or more claims are acknowledged in one statement: each
+# claim's messages share its lease token, so the rows go by token, each group
+# an "id = ANY(...)" that the primary key (or a hashed filter) answers. (A
+# join of (id, token) pairs against unnest() was planned as a nested loop
+# over every leased row: quadratic once several workers hold hundreds.)
+ACK_SQL = """
+DELETE FROM {table}
+WHERE status = 'processing' AND ({groups})
+RETURNING id
+"""
+ACK_GROUP_SQL = "(lease_token = %s::uuid AND id = ANY(%s::bigint[]))"
+# The worker's batches of acknowledgements (atomic=False handlers) skip the
+# rows another transaction has locked (an admin action, a script's SELECT
+# ... FOR UPDATE): one locked row must not hold up the others, nor the claim
+# sent with them, for LOCK_TIMEOUT each cycle. The skipped ones are still
+# leased and are acknowledged on a later try.
+ACK_UNLOCKED_SQL = """
+DELETE FROM {table}
+WHERE id IN (
+    SELECT id FROM {table} WHERE status = 'processing' AND ({groups}) FOR UPDATE SKIP LOCKED)
+RETURNING id
+"""
+# Before acknowledgements sent on their own, outside a caller's transaction:
+# their commit, like the claim's, need not wait for the WAL flush (a lost
+# acknowledgement only means the message runs again, which atomic=False
+# handlers accept).
+ASYNC_COMMIT_SQL = "SET LOCAL synchronous_commit = off;"
+
+
+def ids_by_token(messages: Iterable[Message]) -> dict[uuid.UUID | None, list[int]]:
+    """The ids of ``messages`` by lease token: the statements that a lease
+    guards take them this way (one claim's messages share its token)."""
+    ids: dict[uuid.UUID | None, list[int]] = {}
+    for message in messages:
+        ids.setdefault(message.lease_token, []).append(message.id)
+    return ids
+
+
+def ack_statement(
+    connection: BaseDatabaseWrapper,
+    ids: Mapping[uuid.UUID | None, Sequence[int]],
+    skip_locked: bool = False,
+) -> tuple[str, list[Any]]:
+    """ACK_SQL (ACK_UNLOCKED_SQL) for the ids of each lease token (as
+    ids_by_token gives them), and its parameters: the ids as an array
+    literal, ``{a,b,c}`` (far cheaper than letting the driver quote a list
+    element by element)."""
+    params: list[Any] = []
+    for token, group in ids.items():
+        params += [str(token), "{" + ",".join(map(str, group)) + "}"]
+    sql = (ACK_UNLOCKED_SQL if skip_locked else ACK_SQL).format(
+        table=table(connection, Message), groups=" OR ".join([ACK_GROUP_SQL] * len(ids))
+    )
+    return sql, params
