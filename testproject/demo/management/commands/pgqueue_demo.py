@@ -173,6 +173,11 @@ class Command(BaseCommand):
             worker.run()
         finally:
             timer.cancel()
+        # A tick enqueued as the worker stopped is handled too, by a burst
+        # worker without the scheduler: every tick shown is handled.
+        Worker(
+            queues=[QUEUE], concurrency=2, burst=True, shutdown_timeout=5, schedules=False
+        ).run()
         ticks = list(ScheduleTick.objects.filter(schedule=SCHEDULE_NAME).order_by("tick"))
         handled = Handled.objects.filter(message_id__in=[t.message_id for t in ticks])
         handled_ids = set(handled.values_list("message_id", flat=True))
