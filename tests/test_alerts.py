@@ -454,7 +454,7 @@ def test_end_to_end_one_alert_per_window_and_the_next_one_counts_the_held_back(
         pgqueue=worker_settings(webhook, ALERT_SITE_URL="https://ops.example.com"),
     )
     first = fail("Permanent")
-    wait_until(lambda: webhook.requests, timeout=30, message="the first alert")
+    wait_until(lambda: webhook.requests, timeout=60, message="the first alert")
     dead = DeadLetter.objects.get(message_id=first.pk)
     [request] = webhook.requests
     assert request.headers["authorization"] == f"Bearer {TOKEN}"
@@ -485,10 +485,10 @@ def test_end_to_end_one_alert_per_window_and_the_next_one_counts_the_held_back(
     }
     wait_until(
         lambda: windows() == expected,
-        timeout=30,
+        timeout=60,
         message="two held back and two new windows",
     )
-    wait_until(lambda: not Message.objects.exists(), timeout=30, message="the alerts delivered")
+    wait_until(lambda: not Message.objects.exists(), timeout=60, message="the alerts delivered")
     assert sorted((b["topic"], b["category"], b["count"]) for b in webhook.bodies()) == [
         ("test.fail", "business", 1),
         ("test.fail", "permanent", 1),
@@ -500,7 +500,7 @@ def test_end_to_end_one_alert_per_window_and_the_next_one_counts_the_held_back(
         last_sent_at=F("last_sent_at") - datetime.timedelta(hours=1)
     )
     last = fail("Permanent")
-    wait_until(lambda: len(webhook.requests) == 4, timeout=30, message="the fourth alert")
+    wait_until(lambda: len(webhook.requests) == 4, timeout=60, message="the fourth alert")
     body = webhook.requests[-1].body
     assert (body["count"], body["suppressed"]) == (3, 2)
     assert body["dead_letter_id"] == DeadLetter.objects.get(message_id=last.pk).pk
@@ -526,8 +526,8 @@ def test_a_failing_webhook_is_retried_then_dead_lettered_and_never_holds_up_othe
     # Two failures, then the webhook is back: delivered on the third try.
     webhook.answers = [500, 503]
     fail("Permanent")
-    wait_until(lambda: len(webhook.requests) == 3, timeout=30, message="three tries")
-    wait_until(lambda: not Message.objects.exists(), timeout=30, message="the alert delivered")
+    wait_until(lambda: len(webhook.requests) == 3, timeout=60, message="three tries")
+    wait_until(lambda: not Message.objects.exists(), timeout=60, message="the alert delivered")
     assert len({r.body["dead_letter_id"] for r in webhook.requests}) == 1, "one alert, retried"
     assert not DeadLetter.objects.filter(topic=conf.ALERT_TOPIC).exists()
 
@@ -537,7 +537,7 @@ def test_a_failing_webhook_is_retried_then_dead_lettered_and_never_holds_up_othe
     fail("ValidationError")
     wait_until(
         lambda: "topic=pgqueue.alert attempt=4 dead-lettered as dependency" in worker.log(),
-        timeout=30,
+        timeout=60,
         message="the undeliverable alert to be dead-lettered (logged after its receivers ran)",
     )
     dead_alert = DeadLetter.objects.get(topic=conf.ALERT_TOPIC)
@@ -552,17 +552,17 @@ def test_a_failing_webhook_is_retried_then_dead_lettered_and_never_holds_up_othe
     # the other slot keeps the queue moving meanwhile.
     webhook.answers, webhook.default = ["hang"], 200
     fail("x", "test.nohandler")
-    wait_until(lambda: webhook.bodies(topic="test.nohandler"), timeout=30, message="the alert")
+    wait_until(lambda: webhook.bodies(topic="test.nohandler"), timeout=60, message="the alert")
     records = enqueue_many([{"payload": {"n": n}} for n in range(20)], topic="test.record")
     wait_until(
-        lambda: Handled.objects.count() == len(records), timeout=30, message="the records handled"
+        lambda: Handled.objects.count() == len(records), timeout=60, message="the records handled"
     )
     assert len(webhook.bodies(topic="test.nohandler")) == 1, (
         "the records were handled only after the hanging request timed out"
     )
     wait_until(
         lambda: len(webhook.bodies(topic="test.nohandler")) == 2 and not Message.objects.exists(),
-        timeout=30,
+        timeout=60,
         message="the alert retried after its timeout and delivered",
     )
     assert "WebhookUnavailable: webhook unreachable: timed out after 2s" in worker.log()

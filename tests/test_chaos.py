@@ -207,7 +207,7 @@ def test_a_runner_killed_outright_leaves_neither_soak_nor_workers(throwaway_clus
         runner.wait()
         wait_until(
             lambda: not set(started) & parent_pids().keys(),
-            timeout=30,
+            timeout=60,
             message=f"the soak and its workers ({started}) to end with their runner",
         )
     finally:

@@ -143,7 +143,7 @@ def test_a_global_concurrency_limit_is_never_exceeded_and_is_reached(start_worke
         pgqueue={"QUEUES": {"pay": {"concurrency": 3}}},
     )  # fmt: skip
     wait_until(lambda: len(starts(ids)) == 40, timeout=90, message="all 40 to start")
-    wait_until(lambda: not Message.objects.filter(queue="pay").exists(), timeout=30)
+    wait_until(lambda: not Message.objects.filter(queue="pay").exists(), timeout=60)
     sampler.stop()
     most = max(count for _, count in sampler.counts)
     at_three = sum(count == 3 for _, count in sampler.counts)

@@ -206,7 +206,7 @@ def test_a_row_locked_under_a_running_atomic_handler_stalls_nothing(start_worker
     )  # fmt: skip
     wait_until(
         lambda: Message.objects.filter(pk=slow.pk, status=Status.PROCESSING).exists(),
-        timeout=30,
+        timeout=60,
         message="the worker to lease the slow message",
     )
     locker = hold_row_lock(slow.pk)
@@ -219,19 +219,19 @@ def test_a_row_locked_under_a_running_atomic_handler_stalls_nothing(start_worker
         ]
         wait_until(
             lambda: set(others) <= set(handled_counts()),
-            timeout=30,
+            timeout=60,
             message="the other messages to be handled while the row is locked",
         )
         wait_until(
             lambda: "canceling statement due to lock timeout" in worker.log(),
-            timeout=30,
+            timeout=60,
             message="the blocked acknowledgement to fail with lock_timeout",
         )
         assert Message.objects.filter(pk=slow.pk).exists(), "acknowledged through the lock"
         assert not Handled.objects.filter(message_id=slow.pk).exists(), "committed twice?"
     finally:
         locker.close()  # rolls back: the lock is gone
-    wait_until(lambda: not Message.objects.exists(), timeout=30, message="the slow message done")
+    wait_until(lambda: not Message.objects.exists(), timeout=60, message="the slow message done")
     counts = handled_counts()
     assert set(counts) == {*others, slow.pk} and set(counts.values()) == {1}
     assert Handled.objects.get(message_id=slow.pk).attempt == 2
@@ -334,7 +334,7 @@ def test_no_connection_slot_left_the_worker_waits_then_drains(limited_role, star
         )  # fmt: skip
         wait_until(
             lambda: worker.log().count("the database takes no more connections") >= 2,
-            timeout=30,
+            timeout=60,
             message="the worker to log the refused connections, twice",
         )
         assert "too many connections for role" in worker.log()
@@ -343,8 +343,8 @@ def test_no_connection_slot_left_the_worker_waits_then_drains(limited_role, star
     finally:
         for hog in hogs:
             hog.close()
-    wait_until(lambda: not Message.objects.exists(), timeout=40, message="the queue to drain")
+    wait_until(lambda: not Message.objects.exists(), timeout=60, message="the queue to drain")
     assert handled_counts() == {pk: 1 for pk in ids}
     worker.signal(signal.SIGTERM)
-    assert worker.wait(timeout=30) == 0, worker.log()
+    assert worker.wait(timeout=60) == 0, worker.log()
     assert "Traceback" not in worker.log()

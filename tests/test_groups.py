@@ -429,7 +429,7 @@ def test_a_worker_killed_on_a_groups_head_loses_nothing_and_the_group_keeps_its_
     victim = start_worker("--lease", "2", "--concurrency", "2")
     wait_until(
         lambda: Message.objects.filter(pk=head.pk, status=Status.PROCESSING).exists(),
-        timeout=30,
+        timeout=60,
         message="the first worker to take the group's head",
     )
     assert statuses(rest) == [Status.BLOCKED] * 3
@@ -440,7 +440,7 @@ def test_a_worker_killed_on_a_groups_head_loses_nothing_and_the_group_keeps_its_
         lambda: Handled.objects.count() >= 4, timeout=60, message="the group handled to its end"
     )
     survivor.signal(signal.SIGTERM)
-    assert survivor.wait(timeout=30) == 0, survivor.log()
+    assert survivor.wait(timeout=60) == 0, survivor.log()
     ledger = list(Handled.objects.order_by("pk").values_list("message_id", "attempt"))
     assert ledger == [(head.pk, 2), *((m.pk, 1) for m in rest)]
     assert not Message.objects.exists()
@@ -458,14 +458,14 @@ def test_a_release_left_behind_is_promoted_by_a_polling_worker(start_worker):
     worker = start_worker("--concurrency", "1", pgqueue={"NOTIFY": False, "POLL_INTERVAL": 0.5})
     wait_until(
         lambda: Handled.objects.filter(message_id=messages[1].pk).exists(),
-        timeout=30,
+        timeout=60,
         message="the group's next message handled",
     )
     # Its acknowledgement releases the group again (now empty): the worker's
     # next poll promotes that release away. Wait for it, not for a poll's time.
     wait_until(
         lambda: not GroupRelease.objects.exists(),
-        timeout=30,
+        timeout=60,
         message=f"the last release promoted away; worker log:\n{worker.log()}",
     )
     worker.signal(signal.SIGTERM)
@@ -505,7 +505,7 @@ def test_a_failed_promotion_is_tried_again_and_the_group_goes_on(caplog):
         messages = [enqueue("test.group", {"n": n}, group_key="g") for n in range(3)]
         with running_worker(concurrency=1, poll_interval=0.2):
             wait_until(
-                lambda: Handled.objects.count() >= 3, timeout=30, message="the group handled"
+                lambda: Handled.objects.count() >= 3, timeout=60, message="the group handled"
             )
         assert list(Handled.objects.order_by("pk").values_list("message_id", flat=True)) == [
             m.pk for m in messages

@@ -330,7 +330,7 @@ def test_worker_health_is_503_while_its_delivery_thread_is_stuck(start_worker):
     position = publish("test.events", {}).position
     worker = start_worker(*STREAM_OPTIONS)
     port = worker_port(worker, "health")
-    wait_until(lambda: ledger() == [position], timeout=30, message="the first delivery")
+    wait_until(lambda: ledger() == [position], timeout=60, message="the first delivery")
     status, body = streams_health_when(port, lambda status, _: status == 200)
     assert body["streams"]["delivered"] == 1
     with raw_connection() as locker:

@@ -314,7 +314,7 @@ def test_a_real_worker_handles_and_dead_letters_rows_with_infinite_timestamps(
     ids = {message.pk for message in rows.values()}
     wait_until(
         lambda: not Message.objects.filter(pk__in=ids).exists(),
-        timeout=30,
+        timeout=60,
         message="every row to be handled or dead-lettered",
     )
     handled = set(Handled.objects.values_list("message_id", flat=True))

@@ -77,7 +77,7 @@ def test_both_endpoints_after_a_real_workload(start_worker, client):
     port = worker_port(worker, "metrics")
     wait_until(
         lambda: Handled.objects.count() == 11 and DeadLetter.objects.count() == 2,
-        timeout=30,
+        timeout=60,
         message="the workload to finish",
     )
 

@@ -168,7 +168,7 @@ def test_poll_only_workers_drain_through_pgbouncer_one_maintainer_at_a_time(
     victim = start_worker("--concurrency", "4", *options, pgqueue=pgqueue, env=env)
     wait_until(
         lambda: Message.objects.filter(pk__in=stuck, status="processing").count() == 4,
-        timeout=30,
+        timeout=60,
         message="the victim to lease the four slow messages",
     )
     victim.signal(signal.SIGKILL)

@@ -64,7 +64,7 @@ def test_a_real_worker_finishes_every_raw_row_and_keeps_working(start_worker):
     finished = set(ids.values()) | {blocked.pk}
     wait_until(
         lambda: not Message.objects.filter(pk__in=finished).exists(),
-        timeout=40,
+        timeout=60,
         message="every raw row and the blocked message to be finished",
     )
     handled = set(Handled.objects.values_list("message_id", flat=True))
@@ -193,7 +193,7 @@ def test_misbehaving_handlers_end_in_a_clear_outcome_and_the_worker_goes_on(
     with running_worker(concurrency=3, poll_interval=0.2, shutdown_timeout=1):
         wait_until(
             lambda: not Message.objects.filter(pk__in=[m.pk for m in messages.values()]).exists(),
-            timeout=30,
+            timeout=60,
             message="every misbehaving handler's message to be finished",
         )
         after = enqueue("test.record", {})

@@ -681,7 +681,7 @@ def test_two_workers_deliver_each_event_once_and_in_order(start_worker):
             positions += [publish("test.events", {"b": batch, "n": n}).position for n in range(10)]
     wait_until(
         lambda: Handled.objects.filter(topic=LEDGER).count() >= len(positions),
-        timeout=30,
+        timeout=60,
         message="every event to be delivered",
     )
     assert delivered() == positions, "an event was delivered twice, skipped or out of order"
@@ -708,7 +708,7 @@ def test_poll_only_workers_deliver_once_and_in_order_behind_pgbouncer(
             positions += [publish("test.events", {"b": batch, "n": n}).position for n in range(20)]
     wait_until(
         lambda: Handled.objects.filter(topic=LEDGER).count() >= len(positions),
-        timeout=30,
+        timeout=60,
         message="every event to be delivered through PgBouncer",
     )
     assert delivered() == positions
@@ -726,7 +726,7 @@ def test_kill_9_mid_delivery_loses_nothing_and_keeps_the_order(start_worker, tmp
         publish("test.events", {"n": 3}).position,
     ]
     victim = start_worker("--subscriptions", LEDGER, "--poll-interval", "0.2")
-    wait_until(lambda: (tmp_path / "slept").exists(), timeout=30, message="the delivery to start")
+    wait_until(lambda: (tmp_path / "slept").exists(), timeout=60, message="the delivery to start")
     subscription_id = row(LEDGER).pk
     with raw_connection(autocommit=True) as conn:
         holder = wait_until(
@@ -745,7 +745,7 @@ def test_kill_9_mid_delivery_loses_nothing_and_keeps_the_order(start_worker, tmp
     assert row(LEDGER).checkpoint_position == 0
 
     rescuer = start_worker("--subscriptions", LEDGER, "--poll-interval", "0.2")
-    wait_until(lambda: len(delivered()) == 3, timeout=30, message="the batch to be redone")
+    wait_until(lambda: len(delivered()) == 3, timeout=60, message="the batch to be redone")
     assert delivered() == positions
     assert set(Handled.objects.values_list("attempt", flat=True)) == {1}
     assert row(LEDGER).checkpoint_position == positions[-1]
@@ -780,7 +780,7 @@ def test_burst_waits_for_events_an_older_open_transaction_holds_back(start_worke
         worker = start_worker("--burst", "--subscriptions", LEDGER, "--poll-interval", "1")
         wait_until(
             lambda: Subscription.objects.filter(name=LEDGER).exists(),
-            timeout=30,
+            timeout=60,
             message="the worker's first round",
         )
         # Committed, but not deliverable until the older transaction ends.

@@ -473,14 +473,14 @@ def test_a_worker_process_runs_tasks_and_running_is_visible(start_worker):
     worker = start_worker("--concurrency", "1", "--poll-interval", "0.2")
     wait_until(
         lambda: result.refresh() or result.status == RUNNING,
-        timeout=30,
+        timeout=60,
         message=f"the task to be RUNNING; worker log:\n{worker.log()}",
     )
     assert len(result.worker_ids) == 1 and result.worker_ids[0].count(":") == 2
     assert result.started_at is not None and result.finished_at is None
     wait_until(
         lambda: quick.refresh() or quick.is_finished,
-        timeout=30,
+        timeout=60,
         message=f"the second task to finish; worker log:\n{worker.log()}",
     )
     result.refresh()

@@ -50,7 +50,7 @@ def test_kill_9_mid_handler_the_message_is_rescued_and_its_writes_appear_once(st
     victim = start_worker("--lease", "2", "--concurrency", "1")
     wait_until(
         lambda: Message.objects.filter(pk=message.pk, status=Status.PROCESSING).exists(),
-        timeout=30,
+        timeout=60,
         message="the first worker to take the message",
     )
     invariant = InvariantChecker([message.pk])
@@ -63,7 +63,7 @@ def test_kill_9_mid_handler_the_message_is_rescued_and_its_writes_appear_once(st
     rescuer = start_worker("--lease", "2", "--concurrency", "1", "--poll-interval", "0.5")
     wait_until(
         lambda: Handled.objects.filter(message_id=message.pk).exists(),
-        timeout=30,
+        timeout=60,
         message="the rescued message to be handled",
     )
     wait_until(lambda: not Message.objects.exists(), timeout=60)
@@ -76,10 +76,10 @@ def test_sigterm_lets_a_slow_handler_finish_and_exits_0(start_worker):
     message = enqueue("test.sleep", {"seconds": 2})
     worker = start_worker("--concurrency", "2", "--shutdown-timeout", "30")
     wait_until(
-        lambda: Message.objects.filter(pk=message.pk, status=Status.PROCESSING).exists(), timeout=30
+        lambda: Message.objects.filter(pk=message.pk, status=Status.PROCESSING).exists(), timeout=60
     )
     worker.signal(signal.SIGTERM)
-    assert worker.wait(timeout=30) == 0, worker.log()
+    assert worker.wait(timeout=60) == 0, worker.log()
     assert handled_counts() == {message.pk: 1}
     assert not Message.objects.exists(), "something was left leased or queued"
     assert "SIGTERM received, finishing in-flight messages" in worker.log()
@@ -89,7 +89,7 @@ def test_a_second_signal_exits_at_once_and_the_lease_brings_the_message_back(sta
     message = enqueue("test.sleep", {"seconds": 60, "then": 0})
     worker = start_worker("--lease", "2", "--concurrency", "1")
     wait_until(
-        lambda: Message.objects.filter(pk=message.pk, status=Status.PROCESSING).exists(), timeout=30
+        lambda: Message.objects.filter(pk=message.pk, status=Status.PROCESSING).exists(), timeout=60
     )
     worker.signal(signal.SIGTERM)
     wait_until(lambda: "SIGTERM received" in worker.log(), timeout=60)
@@ -97,13 +97,13 @@ def test_a_second_signal_exits_at_once_and_the_lease_brings_the_message_back(sta
     assert worker.wait(timeout=60) != 0
     assert Message.objects.get(pk=message.pk).status == Status.PROCESSING
     start_worker("--lease", "2", "--poll-interval", "0.5")
-    wait_until(lambda: not Message.objects.exists(), timeout=30)
+    wait_until(lambda: not Message.objects.exists(), timeout=60)
     assert list(Handled.objects.values_list("attempt", flat=True)) == [2]
 
 
 def test_terminated_database_connections_are_survived_and_nothing_is_lost(start_worker):
     worker = start_worker("--concurrency", "4", "--poll-interval", "0.5", "--lease", "5")
-    wait_until(lambda: backends_of(worker), timeout=30, message="the worker to connect")
+    wait_until(lambda: backends_of(worker), timeout=60, message="the worker to connect")
     ids = []
     for batch in range(20):
         ids += [m.pk for m in enqueue_many([{"payload": {"b": batch}}] * 10, topic="test.record")]
@@ -111,7 +111,7 @@ def test_terminated_database_connections_are_survived_and_nothing_is_lost(start_
             invariant = InvariantChecker(ids)
         if batch in (10, 15):
             # The second cut waits for the worker to have reconnected.
-            wait_until(lambda: backends_of(worker), timeout=30, message="the worker to reconnect")
+            wait_until(lambda: backends_of(worker), timeout=60, message="the worker to reconnect")
             with raw_connection(autocommit=True) as admin:
                 killed = [
                     row[0]
@@ -153,7 +153,7 @@ def test_the_worker_names_its_connections(start_worker):
     expected = {f"pgqueue_worker#{worker.pid}", f"pgqueue_listener#{worker.pid}"}
     wait_until(
         lambda: set(backends_of(worker)) == expected,
-        timeout=30,
+        timeout=60,
         message=f"connections named {expected} in pg_stat_activity",
     )
 
