@@ -354,14 +354,15 @@ def test_worker_health_is_503_once_its_delivery_thread_has_died(start_worker):
     worker = start_worker(*STREAM_OPTIONS)
     port = worker_port(worker, "health")
     streams_health_when(port, lambda status, _: status == 200)
-    # A subscriber that calls sys.exit(): SystemExit is no Exception.
-    publish("test.events", {"exit": 3})
+    # A receiver of subscription_blocked that calls sys.exit() (the demo's):
+    # SystemExit is no Exception, and it is no subscriber's failure.
+    publish("test.events", {"raise": "Permanent", "receiver_exit": 3})
     status, body = streams_health_when(port, lambda status, _: status == 503)
     streams = body["streams"]
     assert (streams["alive"], streams["stuck"]) == (False, False), body
     assert streams["last_error"] == "the delivery thread died: SystemExit: 3"
     assert body["loop_alive"] is True, "the message loop goes on"
-    assert ledger() == [] and Subscription.objects.get(name=LEDGER).checkpoint_position == 0
+    assert ledger() == [] and Subscription.objects.get(name=LEDGER).state == "blocked"
     assert "no more deliveries until the worker restarts" in worker.log()
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=30) == 0, worker.log()

@@ -18,6 +18,7 @@ test takes on a loaded machine.
 import datetime
 import logging
 import signal
+import sys
 
 import pytest
 from demo.models import Handled
@@ -360,6 +361,76 @@ def test_a_subscriber_that_swallows_a_database_error_fails_its_event(temporary_s
     assert deliver("test.swallow").outcome == delivery.RETRYING
     assert "BrokenTransaction" in row("test.swallow").last_error
     assert not Handled.objects.exists()
+
+
+class Halt(BaseException):
+    """Neither an Exception nor one of Python's own."""
+
+
+@pytest.mark.parametrize(
+    "raise_it, error",
+    [
+        (lambda: sys.exit(3), "SystemExit: 3"),
+        (lambda: (_ for _ in ()).throw(KeyboardInterrupt()), "KeyboardInterrupt"),
+        (lambda: (_ for _ in ()).throw(Halt("halted")), "Halt: halted"),
+    ],
+    ids=["SystemExit", "KeyboardInterrupt", "a BaseException of its own"],
+)
+def test_a_subscriber_that_raises_a_base_exception_fails_its_event_not_the_thread(
+    temporary_subscriber, raise_it, error
+):
+    def halt(event):
+        Handled.objects.create(message_id=event.position, topic="halt", attempt=1, pid=0)
+        raise_it()
+
+    temporary_subscriber(
+        "test.halt", "test.halt", halt, max_attempts=2, backoff_base=0.05, backoff_cap=0.05
+    )
+    bad = publish("test.halt", {}).position
+    with running_worker(subscriptions=["test.halt", LEDGER], poll_interval=0.2) as worker:
+
+        def alive_and(condition):
+            assert worker.stream_delivery_died is None, worker.stream_delivery_died
+            return condition()
+
+        # Tried again, then stopped with its reason, as any failure.
+        blocked = Subscription.objects.filter(name="test.halt", state=SubscriptionState.BLOCKED)
+        wait_until(
+            lambda: alive_and(blocked.exists),
+            timeout=HORIZON_TIMEOUT,
+            message="the subscription to block",
+        )
+        # The delivery thread lives on and delivers to the others.
+        position = publish("test.events", {}).position
+        wait_until(
+            lambda: alive_and(lambda: delivered() == [position]),
+            timeout=HORIZON_TIMEOUT,
+            message="the next delivery",
+        )
+        healthy, details = worker.health()
+        assert details["streams"]["alive"] and "last_error" not in details["streams"], details
+        assert worker.stream_delivery_died is None
+    subscription = row("test.halt")
+    assert (subscription.attempts, subscription.failing_position) == (2, bad)
+    assert subscription.last_error == error
+    assert subscription.checkpoint_position == 0 and delivered("halt") == [], "rolled back"
+
+
+def test_ctrl_c_on_the_main_thread_stops_a_delivery_and_records_nothing(temporary_subscriber):
+    # Python raises the operator's Ctrl-C in the main thread only, wherever
+    # it runs: there a KeyboardInterrupt stops the program (the batch rolls
+    # back), and counts no attempt against the subscriber.
+    def interrupted(event):
+        Handled.objects.create(message_id=event.position, topic="interrupted", attempt=1, pid=0)
+        raise KeyboardInterrupt
+
+    temporary_subscriber("test.interrupted", "test.interrupted", interrupted)
+    settle("test.interrupted", publish("test.interrupted", {}).position)
+    with pytest.raises(KeyboardInterrupt):
+        delivery.deliver(spec("test.interrupted"))
+    subscription = row("test.interrupted")
+    assert (subscription.state, subscription.attempts) == (SubscriptionState.ACTIVE, 0)
+    assert subscription.checkpoint_position == 0 and delivered("interrupted") == []
 
 
 def test_an_exhausted_event_blocks_the_subscription_until_an_operator_acts():
@@ -792,12 +863,23 @@ def test_burst_waits_for_events_an_older_open_transaction_holds_back(start_worke
 
 
 def test_burst_fails_when_the_delivery_thread_dies(caplog):
-    # SystemExit is no Exception: a subscriber that calls sys.exit() ends
-    # the delivery thread. A burst must not exit 0 as if all was delivered.
-    publish("test.events", {"exit": 3})
-    with pytest.raises(CommandError, match=r"stream delivery stopped \(the delivery thread died: "):
-        call_command(
-            "pgqueue_worker", "--burst", "--subscriptions", LEDGER, "--poll-interval", "60"
-        )
+    # A subscriber's SystemExit is its failure; outside a subscriber one
+    # still ends the delivery thread: here a receiver of subscription_blocked
+    # that calls sys.exit() (signals.send catches Exceptions only). A burst
+    # must not exit 0 as if all was delivered.
+    def exit_receiver(sender, **kwargs):
+        sys.exit(3)
+
+    signals.subscription_blocked.connect(exit_receiver, weak=False, dispatch_uid="t")
+    try:
+        publish("test.events", {"raise": "Permanent"})
+        with pytest.raises(
+            CommandError, match=r"stream delivery stopped \(the delivery thread died: "
+        ):
+            call_command(
+                "pgqueue_worker", "--burst", "--subscriptions", LEDGER, "--poll-interval", "60"
+            )
+    finally:
+        signals.subscription_blocked.disconnect(dispatch_uid="t")
     assert "SystemExit: 3" in caplog.text
-    assert delivered() == [] and row(LEDGER).checkpoint_position == 0, "the batch rolled back"
+    assert delivered() == [] and row(LEDGER).state == SubscriptionState.BLOCKED

@@ -20,6 +20,7 @@ import contextlib
 import datetime
 import json
 import logging
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable
@@ -288,7 +289,9 @@ def _run(
                         "cannot commit (wrap queries that may fail in transaction.atomic())"
                     )
                 savepoint.disarm()
-            except Exception as exc:  # noqa: BLE001  any failure is recorded
+            except BaseException as exc:  # noqa: BLE001  (a subscriber may raise anything)
+                if _interrupts_the_program(exc):
+                    raise  # the batch rolls back; nothing is recorded
                 # Undo this event alone: its writes and its on_commit callbacks.
                 # (If that cannot be done, this raises: the batch rolls back.)
                 savepoint.rollback()
@@ -310,6 +313,18 @@ def _run(
     return Delivery(DELIVERED, delivered=batch.done, more=more)
 
 
+def _interrupts_the_program(exc: BaseException) -> bool:
+    """Whether ``exc``, raised from a subscriber's call, is the operator's
+    Ctrl-C rather than the subscriber's failure: a KeyboardInterrupt on the
+    main thread, where Python raises SIGINT's wherever the code happens to
+    be (a delivery run from a script or a shell). Anything else a subscriber
+    raises, SystemExit included, is its failure, retried and then recorded,
+    as a task's is. The worker delivers in a thread of its own, which no
+    signal reaches: its shutdown sets a flag that stops the thread between
+    batches, and raises nothing into a subscriber."""
+    return isinstance(exc, KeyboardInterrupt) and threading.current_thread() is threading.main_thread()
+
+
 def _start_span(tracer: Any, spec: SubscriberSpec, event: Event) -> Any:
     """The CONSUMER span of delivering ``event`` to ``spec`` (tracing on)."""
     return tracing.start_consumer(
@@ -322,7 +337,7 @@ def _failed(
     spec: SubscriberSpec,
     batch: subscriptions.Batch,
     event: Event,
-    exc: Exception,
+    exc: BaseException,
     span: Any = None,
 ) -> Delivery:
     """``event`` failed (its savepoint is rolled back): retry it later, block
