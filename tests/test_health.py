@@ -328,7 +328,10 @@ def test_worker_health_is_503_while_its_delivery_thread_is_stuck(start_worker):
     from django_pgqueue import publish
 
     position = publish("test.events", {}).position
-    worker = start_worker(*STREAM_OPTIONS)
+    # Without the worker's limits its statements wait for a lock as long as
+    # it is held (with them, they give up and the thread reports the error:
+    # test_streams' test of a held lock).
+    worker = start_worker(*STREAM_OPTIONS, pgqueue={"LOCK_TIMEOUT": None, "STATEMENT_TIMEOUT": None})
     port = worker_port(worker, "health")
     wait_until(lambda: ledger() == [position], timeout=30, message="the first delivery")
     status, body = streams_health_when(port, lambda status, _: status == 200)

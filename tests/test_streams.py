@@ -19,11 +19,13 @@ import datetime
 import logging
 import signal
 import sys
+import threading
+import time
 
 import pytest
 from demo.models import Handled
 from django.core.management import CommandError, call_command
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 from psycopg.types.json import Jsonb
@@ -537,6 +539,77 @@ def test_one_delivery_at_a_time_per_subscription():
     assert deliver(LEDGER, subscription_id=subscription_id).delivered == 1
 
 
+# The worker's LOCK_TIMEOUT in the tests of its limits (seconds); a wait for
+# a lock that these tests hold ends past it, far sooner than RELEASE_AFTER.
+SHORT_LOCK_TIMEOUT = 0.3
+RELEASE_AFTER = 30.0
+
+
+@override_settings(PGQUEUE={"LOCK_TIMEOUT": SHORT_LOCK_TIMEOUT})
+def test_a_delivery_gives_up_on_a_held_table_lock_and_its_subscriber_runs_without_limits(
+    temporary_subscriber,
+):
+    seen = []
+
+    def settings_seen(event):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT current_setting('lock_timeout'), current_setting('statement_timeout')")
+            seen.append(cursor.fetchone())
+
+    temporary_subscriber("test.limits", "test.limits", settings_seen)
+    subscription_id = subscriptions.ensure([spec("test.limits")])["test.limits"]
+    settle("test.limits", publish("test.limits", {}).position)
+    with connection.cursor() as cursor:  # the session's own, outside any transaction
+        cursor.execute("SELECT current_setting('lock_timeout'), current_setting('statement_timeout')")
+        session = cursor.fetchone()
+    with raw_connection() as locker:
+        # What a migration, a VACUUM FULL or a TRUNCATE holds.
+        locker.execute(f"LOCK TABLE {EVENTS_TABLE} IN ACCESS EXCLUSIVE MODE")
+        release = threading.Timer(RELEASE_AFTER, locker.rollback)  # a bound, not the test
+        release.start()
+        started = time.monotonic()
+        try:
+            with pytest.raises(OperationalError, match="lock timeout"):
+                delivery.deliver(spec("test.limits"), subscription_id)
+            waited = time.monotonic() - started
+        finally:
+            release.cancel()
+            locker.rollback()
+    assert waited < RELEASE_AFTER / 2, f"the delivery waited {waited:.1f}s for the lock"
+    assert row("test.limits").checkpoint_position == 0 and seen == []
+    assert deliver("test.limits", subscription_id=subscription_id).outcome == delivery.DELIVERED
+    assert seen == [session], "the subscriber's queries ran under the worker's limits"
+
+
+@pytest.mark.parametrize("table", [EVENTS_TABLE, "django_pgqueue_subscription"])
+def test_the_delivery_thread_retries_past_a_held_lock_and_delivers_once_it_is_gone(table):
+    position = publish("test.events", {}).position
+    with (
+        override_settings(PGQUEUE={"LOCK_TIMEOUT": SHORT_LOCK_TIMEOUT}),
+        raw_connection() as locker,
+    ):
+        locker.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+        with running_worker(subscriptions=[LEDGER], poll_interval=0.2) as worker:
+
+            def streams():
+                return worker.health()[1].get("streams") or {}  # {} until it starts
+
+            # Its queries give up, and say so, instead of waiting for the lock.
+            wait_until(
+                lambda: "lock timeout" in streams().get("last_error", ""),
+                timeout=RELEASE_AFTER,
+                message="the delivery thread to give up on the lock",
+            )
+            assert streams()["alive"] and delivered() == []
+            locker.rollback()
+            wait_until(
+                lambda: delivered() == [position],
+                timeout=HORIZON_TIMEOUT,
+                message="the delivery once the lock is gone",
+            )
+            wait_until(lambda: "last_error" not in streams(), message="the error to clear")
+
+
 def test_an_operator_change_during_a_delivery_rolls_the_batch_back(temporary_subscriber):
     def meddle(event):
         Handled.objects.create(message_id=event.position, topic="meddle", attempt=1, pid=0)
@@ -710,7 +783,7 @@ def test_the_hot_statements_read_the_stream_index():
     statements = {
         "next events": (
             delivery.statement(delivery.NEXT_SQL),
-            {"now": None, "limit": 50, "id": ids[LEDGER]},
+            [None, 50, ids[LEDGER]],  # now, limit, id
         ),
         "probe": (delivery.statement(delivery.PROBE_SQL), [list(ids.values())]),
         "head": (subscriptions.HEAD_SQL.format(**tables), ["test.events"]),

@@ -30,7 +30,7 @@ from typing import Any
 from django.db import connections, transaction
 from django.utils import timezone
 
-from django_pgqueue import conf, policy, registry, signals, tracing
+from django_pgqueue import conf, policy, registry, signals, sql, tracing
 from django_pgqueue.db import LazySavepoint, transaction_failed
 from django_pgqueue.exceptions import Permanent, Retry, describe
 from django_pgqueue.fields import finite_sql
@@ -45,7 +45,10 @@ logger = logging.getLogger(__name__)
 # after the lock is taken: its snapshot then sees the checkpoint that the
 # previous holder committed. Read through the stream index, after the
 # checkpoint and below the snapshot's xmin. ({retry_at} and {created_at}:
-# the columns as Python can load them, see statement().)
+# the columns as Python can load them, see statement().) Under the worker's
+# limits, which the subscriber's queries after it never get
+# (sql.with_limits_for_itself); so are the thread's other statements: the
+# probe, ensuring the rows, the checkpoint's moves.
 NEXT_SQL = """
 SELECT s.state, s.checkpoint_xid::text, s.checkpoint_position, s.attempts,
     s.failing_position, {retry_at}, s.name, s.stream, e.position, e.xid::text, e.key,
@@ -55,10 +58,10 @@ FROM {subs} s LEFT JOIN LATERAL (
     WHERE stream = s.stream AND (xid, position) > (s.checkpoint_xid, s.checkpoint_position)
         AND xid < pg_snapshot_xmin(pg_current_snapshot())
         AND s.state IN ('active', 'retrying')
-        AND (s.retry_at IS NULL OR s.retry_at <= COALESCE(%(now)s::timestamptz, now()))
-    ORDER BY xid, position LIMIT %(limit)s
+        AND (s.retry_at IS NULL OR s.retry_at <= COALESCE(%s::timestamptz, now()))
+    ORDER BY xid, position LIMIT %s
 ) AS e ON true
-WHERE s.id = %(id)s
+WHERE s.id = %s
 ORDER BY e.xid, e.position
 """
 
@@ -184,8 +187,12 @@ def batch_size(spec: SubscriberSpec) -> int:
 
 def probe(ids: Iterable[int]) -> list[Probe]:
     """One Probe per existing subscription among ``ids``."""
+    # In autocommit: the limits hold for this statement's implicit transaction.
+    probe_sql, params, skip = sql.with_limits(statement(PROBE_SQL), [list(ids)])
     with connections[conf.database_alias()].cursor() as cursor:
-        cursor.execute(statement(PROBE_SQL), [list(ids)])
+        cursor.execute(probe_sql, params)
+        for _ in range(skip):
+            cursor.nextset()  # past the limits
         return [Probe(*row) for row in cursor.fetchall()]
 
 
@@ -219,11 +226,13 @@ def deliver(
         with transaction.atomic(using=using):
             if not subscriptions.try_lock(subscription_id):
                 return Delivery(BUSY)
+            next_sql, params, skip = sql.with_limits_for_itself(
+                statement(NEXT_SQL), [now, limit, subscription_id]
+            )
             with connections[using].cursor() as cursor:
-                cursor.execute(
-                    statement(NEXT_SQL),
-                    {"now": now, "limit": limit, "id": subscription_id},
-                )
+                cursor.execute(next_sql, params)
+                for _ in range(skip):
+                    cursor.nextset()  # past the limits
                 rows = cursor.fetchall()
             if not rows:
                 return Delivery(GONE)
