@@ -728,9 +728,7 @@ def test_migration_0013_gives_leaseless_rows_an_expired_lease_for_the_rescue():
 
 
 @pytest.mark.parametrize("never", ["infinity", "10000-01-01 00:00:00+00"])
-def test_a_processing_row_whose_lease_never_expires_is_refused_by_the_database(
-    make_message, never
-):
+def test_a_processing_row_whose_lease_never_expires_is_refused_by_the_database(make_message, never):
     # The rescue finds a dead worker's rows by their lease's expiry: a lease
     # past any date Python can read ('infinity', year 10000) never expires.
     from django.db import IntegrityError

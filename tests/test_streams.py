@@ -553,14 +553,18 @@ def test_a_delivery_gives_up_on_a_held_table_lock_and_its_subscriber_runs_withou
 
     def settings_seen(event):
         with connection.cursor() as cursor:
-            cursor.execute("SELECT current_setting('lock_timeout'), current_setting('statement_timeout')")
+            cursor.execute(
+                "SELECT current_setting('lock_timeout'), current_setting('statement_timeout')"
+            )
             seen.append(cursor.fetchone())
 
     temporary_subscriber("test.limits", "test.limits", settings_seen)
     subscription_id = subscriptions.ensure([spec("test.limits")])["test.limits"]
     settle("test.limits", publish("test.limits", {}).position)
     with connection.cursor() as cursor:  # the session's own, outside any transaction
-        cursor.execute("SELECT current_setting('lock_timeout'), current_setting('statement_timeout')")
+        cursor.execute(
+            "SELECT current_setting('lock_timeout'), current_setting('statement_timeout')"
+        )
         session = cursor.fetchone()
     with raw_connection() as locker:
         # What a migration, a VACUUM FULL or a TRUNCATE holds.

@@ -331,7 +331,9 @@ def _interrupts_the_program(exc: BaseException) -> bool:
     as a task's is. The worker delivers in a thread of its own, which no
     signal reaches: its shutdown sets a flag that stops the thread between
     batches, and raises nothing into a subscriber."""
-    return isinstance(exc, KeyboardInterrupt) and threading.current_thread() is threading.main_thread()
+    return (
+        isinstance(exc, KeyboardInterrupt) and threading.current_thread() is threading.main_thread()
+    )
 
 
 def _start_span(tracer: Any, spec: SubscriberSpec, event: Event) -> Any:
