@@ -19,6 +19,7 @@ from django.utils import timezone
 from django_pgqueue import liveness, maintenance
 from django_pgqueue.models import WorkerHeartbeat
 from django_pgqueue.observability.health import WorkerHealthServer
+from django_pgqueue.streams import subscribers
 
 from .conftest import raw_connection, running_worker, unreachable, wait_until
 from .test_metrics import TOKEN, http_get, worker_port
@@ -48,6 +49,15 @@ def health(client, **headers):
 # --- the web endpoint -----------------------------------------------------------
 
 
+def not_started():
+    """The health body's subscriptions while no worker has started any: every
+    one the code declares (the demo project's)."""
+    return {
+        spec.name: {"stream": spec.stream, "state": "not started"}
+        for spec in sorted(subscribers.registered(), key=lambda spec: spec.name)
+    }
+
+
 @pytest.mark.django_db
 def test_no_live_worker_is_503_with_the_reason(client):
     status, body = health(client)
@@ -56,6 +66,7 @@ def test_no_live_worker_is_503_with_the_reason(client):
         "status": "unhealthy",
         "database": "ok",
         "queues": {"default": {"workers_alive": 0}},
+        "subscriptions": not_started(),
         "problems": ["no worker with a fresh heartbeat serves queue 'default'"],
     }
 
@@ -69,6 +80,7 @@ def test_a_fresh_heartbeat_for_each_configured_queue_is_200(client):
             "status": "ok",
             "database": "ok",
             "queues": {"default": {"workers_alive": 1}},
+            "subscriptions": not_started(),
             "problems": [],
         },
     )
@@ -84,6 +96,24 @@ def test_a_fresh_heartbeat_for_each_configured_queue_is_200(client):
         200,
         {"default": {"workers_alive": 2}, "mail": {"workers_alive": 1}},
     )
+
+
+@pytest.mark.django_db
+def test_every_declared_subscription_is_listed_those_not_started_as_such(client):
+    from django_pgqueue.models import Subscription
+
+    beat("w1")
+    Subscription.objects.create(name="test.ledger", stream="test.events", state="blocked")
+    Subscription.objects.create(name="gone.from.code", stream="old")  # kept as it is
+    status, body = health(client)
+    assert status == 200, "subscriptions are shown, not judged"
+    expected = {
+        **not_started(),
+        "test.ledger": {"stream": "test.events", "state": "blocked"},
+        "gone.from.code": {"stream": "old", "state": "active"},
+    }
+    assert body["subscriptions"] == expected
+    assert list(body["subscriptions"]) == sorted(expected)
 
 
 @pytest.mark.django_db
@@ -331,7 +361,9 @@ def test_worker_health_is_503_while_its_delivery_thread_is_stuck(start_worker):
     # Without the worker's limits its statements wait for a lock as long as
     # it is held (with them, they give up and the thread reports the error:
     # test_streams' test of a held lock).
-    worker = start_worker(*STREAM_OPTIONS, pgqueue={"LOCK_TIMEOUT": None, "STATEMENT_TIMEOUT": None})
+    worker = start_worker(
+        *STREAM_OPTIONS, pgqueue={"LOCK_TIMEOUT": None, "STATEMENT_TIMEOUT": None}
+    )
     port = worker_port(worker, "health")
     wait_until(lambda: ledger() == [position], timeout=30, message="the first delivery")
     status, body = streams_health_when(port, lambda status, _: status == 200)
