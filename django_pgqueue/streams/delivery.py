@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 # checkpoint and below the snapshot's xmin. ({retry_at} and {created_at}:
 # the columns as Python can load them, see statement().) Under the worker's
 # limits, which the subscriber's queries after it never get
-# (sql.with_limits_for_itself); so are the thread's other statements: the
+# (with_limits_for_itself); so are the thread's other statements: the
 # probe, ensuring the rows, the checkpoint's moves.
 NEXT_SQL = """
 SELECT s.state, s.checkpoint_xid::text, s.checkpoint_position, s.attempts,
@@ -81,6 +81,33 @@ SELECT s.id, s.state, {retry_at}, now(),
         AND (e.xid, e.position) > (s.checkpoint_xid, s.checkpoint_position))
 FROM {subs} s WHERE s.id = ANY(%s)
 """
+
+# The worker's limits for one statement inside a transaction that goes on
+# without them (a stream delivery's read of its events: the subscriber's
+# queries follow in the same transaction). The session's values are kept in
+# two settings of our own for the transaction, and put back right after the
+# statement, all in one round trip.
+KEEP_SETTINGS_SQL = (
+    "SELECT set_config('pgqueue.lock_timeout', current_setting('lock_timeout'), true), "
+    "set_config('pgqueue.statement_timeout', current_setting('statement_timeout'), true)"
+)
+PUT_BACK_SETTINGS_SQL = (
+    "SELECT set_config('lock_timeout', current_setting('pgqueue.lock_timeout'), true), "
+    "set_config('statement_timeout', current_setting('pgqueue.statement_timeout'), true)"
+)
+
+
+def with_limits_for_itself(query: str, params: Sequence[Any]) -> tuple[str, list[Any], int]:
+    """``query`` under the worker's limits inside a transaction whose later
+    statements run without them, and the number of results to skip before
+    ``query``'s (one more, the settings put back, follows it). Client-side
+    binding only, as ``sql.with_limits``."""
+    extra = sql.limits()
+    if extra is None:
+        return query, list(params), 0
+    statements = [KEEP_SETTINGS_SQL, sql.LIMITS_SQL, query, PUT_BACK_SETTINGS_SQL]
+    return ";".join(statements), [*extra, *params], 2
+
 
 # A batch takes no more events once it has run this long (seconds): once a
 # subscriber has written, the batch's transaction holds back every
@@ -226,7 +253,7 @@ def deliver(
         with transaction.atomic(using=using):
             if not subscriptions.try_lock(subscription_id):
                 return Delivery(BUSY)
-            next_sql, params, skip = sql.with_limits_for_itself(
+            next_sql, params, skip = with_limits_for_itself(
                 statement(NEXT_SQL), [now, limit, subscription_id]
             )
             with connections[using].cursor() as cursor:
