@@ -19,6 +19,7 @@ from django.utils import timezone
 from django_pgqueue import liveness, maintenance
 from django_pgqueue.models import WorkerHeartbeat
 from django_pgqueue.observability.health import WorkerHealthServer
+from django_pgqueue.streams import subscribers
 
 from .conftest import raw_connection, running_worker, unreachable, wait_until
 from .test_metrics import TOKEN, http_get, worker_port
@@ -48,6 +49,15 @@ def health(client, **headers):
 # --- the web endpoint -----------------------------------------------------------
 
 
+def not_started():
+    """The health body's subscriptions while no worker has started any: every
+    one the code declares (the demo project's)."""
+    return {
+        spec.name: {"stream": spec.stream, "state": "not started"}
+        for spec in sorted(subscribers.registered(), key=lambda spec: spec.name)
+    }
+
+
 @pytest.mark.django_db
 def test_no_live_worker_is_503_with_the_reason(client):
     status, body = health(client)
@@ -56,6 +66,7 @@ def test_no_live_worker_is_503_with_the_reason(client):
         "status": "unhealthy",
         "database": "ok",
         "queues": {"default": {"workers_alive": 0}},
+        "subscriptions": not_started(),
         "problems": ["no worker with a fresh heartbeat serves queue 'default'"],
     }
 
@@ -69,6 +80,7 @@ def test_a_fresh_heartbeat_for_each_configured_queue_is_200(client):
             "status": "ok",
             "database": "ok",
             "queues": {"default": {"workers_alive": 1}},
+            "subscriptions": not_started(),
             "problems": [],
         },
     )
@@ -84,6 +96,24 @@ def test_a_fresh_heartbeat_for_each_configured_queue_is_200(client):
         200,
         {"default": {"workers_alive": 2}, "mail": {"workers_alive": 1}},
     )
+
+
+@pytest.mark.django_db
+def test_every_declared_subscription_is_listed_those_not_started_as_such(client):
+    from django_pgqueue.models import Subscription
+
+    beat("w1")
+    Subscription.objects.create(name="test.ledger", stream="test.events", state="blocked")
+    Subscription.objects.create(name="gone.from.code", stream="old")  # kept as it is
+    status, body = health(client)
+    assert status == 200, "subscriptions are shown, not judged"
+    expected = {
+        **not_started(),
+        "test.ledger": {"stream": "test.events", "state": "blocked"},
+        "gone.from.code": {"stream": "old", "state": "active"},
+    }
+    assert body["subscriptions"] == expected
+    assert list(body["subscriptions"]) == sorted(expected)
 
 
 @pytest.mark.django_db
@@ -328,7 +358,12 @@ def test_worker_health_is_503_while_its_delivery_thread_is_stuck(start_worker):
     from django_pgqueue import publish
 
     position = publish("test.events", {}).position
-    worker = start_worker(*STREAM_OPTIONS)
+    # Without the worker's limits its statements wait for a lock as long as
+    # it is held (with them, they give up and the thread reports the error:
+    # test_streams' test of a held lock).
+    worker = start_worker(
+        *STREAM_OPTIONS, pgqueue={"LOCK_TIMEOUT": None, "STATEMENT_TIMEOUT": None}
+    )
     port = worker_port(worker, "health")
     wait_until(lambda: ledger() == [position], timeout=60, message="the first delivery")
     status, body = streams_health_when(port, lambda status, _: status == 200)
@@ -354,14 +389,15 @@ def test_worker_health_is_503_once_its_delivery_thread_has_died(start_worker):
     worker = start_worker(*STREAM_OPTIONS)
     port = worker_port(worker, "health")
     streams_health_when(port, lambda status, _: status == 200)
-    # A subscriber that calls sys.exit(): SystemExit is no Exception.
-    publish("test.events", {"exit": 3})
+    # A receiver of subscription_blocked that calls sys.exit() (the demo's):
+    # SystemExit is no Exception, and it is no subscriber's failure.
+    publish("test.events", {"raise": "Permanent", "receiver_exit": 3})
     status, body = streams_health_when(port, lambda status, _: status == 503)
     streams = body["streams"]
     assert (streams["alive"], streams["stuck"]) == (False, False), body
     assert streams["last_error"] == "the delivery thread died: SystemExit: 3"
     assert body["loop_alive"] is True, "the message loop goes on"
-    assert ledger() == [] and Subscription.objects.get(name=LEDGER).checkpoint_position == 0
+    assert ledger() == [] and Subscription.objects.get(name=LEDGER).state == "blocked"
     assert "no more deliveries until the worker restarts" in worker.log()
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=30) == 0, worker.log()

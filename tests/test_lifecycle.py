@@ -728,6 +728,63 @@ def test_migration_0013_gives_leaseless_rows_an_expired_lease_for_the_rescue():
     assert (row.status, row.attempts) == (Status.WAITING, 1)
 
 
+@pytest.mark.parametrize("never", ["infinity", "10000-01-01 00:00:00+00"])
+def test_a_processing_row_whose_lease_never_expires_is_refused_by_the_database(make_message, never):
+    # The rescue finds a dead worker's rows by their lease's expiry: a lease
+    # past any date Python can read ('infinity', year 10000) never expires.
+    from django.db import IntegrityError
+
+    leased = make_message(status=Status.PROCESSING)
+    table = Message._meta.db_table
+    with pytest.raises(IntegrityError, match="pgqueue_msg_processing_lease_finite"):
+        with transaction.atomic(), connections["default"].cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {table} SET lease_expires_at = %s::timestamptz WHERE id = %s",
+                [never, leased.pk],
+            )
+    with pytest.raises(IntegrityError, match="pgqueue_msg_processing_lease_finite"):
+        with transaction.atomic(), connections["default"].cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {table} (topic, payload, status, lease_token, lease_expires_at)"
+                " VALUES ('t', '{}', 'processing', gen_random_uuid(), %s::timestamptz)",
+                [never],
+            )
+    latest = datetime.datetime(9999, 12, 30, tzinfo=datetime.UTC)
+    Message.objects.filter(pk=leased.pk).update(lease_expires_at=latest)  # a date, however far
+    assert reread(leased).lease_expires_at == latest
+
+
+def test_migration_0017_expires_a_lease_that_never_would_for_the_rescue():
+    from django.db.migrations.executor import MigrationExecutor
+
+    connection = connections["default"]
+    executor = MigrationExecutor(connection)
+    latest = executor.loader.graph.leaf_nodes("django_pgqueue")
+    executor.migrate([("django_pgqueue", "0016_history")])
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "INSERT INTO django_pgqueue_message"
+                " (topic, payload, status, attempts, locked_by, lease_token, lease_expires_at)"
+                " VALUES ('t', '{}', 'processing', 1, 'old-client', gen_random_uuid(), 'infinity'),"
+                " ('t', '{}', 'processing', 1, 'alive', gen_random_uuid(), now() + '1 hour')"
+                " RETURNING id"
+            )
+            forever, alive = (row[0] for row in cursor.fetchall())
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.loader.build_graph()
+        executor.migrate(latest)
+    row = Message.objects.get(pk=forever)
+    assert row.status == Status.PROCESSING and row.lease_expires_at <= timezone.now()
+    assert reread(Message(pk=alive)).lease_expires_at > timezone.now(), "a real lease is kept"
+    assert maintenance.rescue_expired().requeued == 1
+    row = reread(row)
+    assert (row.status, row.attempts) == (Status.WAITING, 1)
+    assert row.last_error == "worker lost: the lease of old-client expired"
+    assert reread(Message(pk=alive)).status == Status.PROCESSING
+
+
 def test_rescue_says_when_the_lease_expired_under_a_worker_that_is_alive(make_message):
     from django_pgqueue.models import WorkerHeartbeat
 

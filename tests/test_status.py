@@ -15,7 +15,7 @@ from django.core.management import CommandError, call_command
 from django.db import connections
 from django.utils import timezone
 
-from django_pgqueue import enqueue, liveness, publish
+from django_pgqueue import enqueue, liveness, publish, subscriber
 from django_pgqueue.models import (
     Category,
     DeadLetterState,
@@ -23,6 +23,7 @@ from django_pgqueue.models import (
     SubscriptionState,
     WorkerHeartbeat,
 )
+from django_pgqueue.streams import subscribers
 
 from .claiming import claim
 from .conftest import MANAGE, database_url
@@ -179,15 +180,14 @@ def test_text_report_shows_queues_topics_dead_letters_and_workers(rows):
     assert workers[3].split() == [
         "web-2:200:bbbbbb", "web-2", "200", "default", "stale", "1h", "00m", "0", "5"
     ]  # fmt: skip
-    # (Further sections may follow the schedules.)
-    assert workers[4:10] == [
-        "",
-        "Subscriptions",
-        "no subscriptions",
-        "",
-        "Schedules",
-        "no schedules",
-    ]
+    # (Further sections may follow the schedules.) The demo project's
+    # subscribers are declared, none started.
+    declared = len(subscribers.registered())
+    assert workers[4:6] == ["", "Subscriptions"]
+    assert [line.split()[2:4] for line in workers[7 : 7 + declared]] == [
+        ["not", "started"]
+    ] * declared
+    assert workers[7 + declared : 10 + declared] == ["", "Schedules", "no schedules"]
 
 
 @pytest.mark.django_db
@@ -286,10 +286,8 @@ def test_an_empty_database_shows_the_default_queue_with_zeros():
     assert (code, err) == (0, "")
     assert out.splitlines()[2].split() == ["default", "0", "0", "0", "0", "0s", "0"]
     assert "\nDead letters\nno dead letters\n" in out
-    assert (
-        "\nWorkers\nno workers\n\nSubscriptions\nno subscriptions\n\nSchedules\nno schedules\n"
-        in out
-    )
+    assert "\nWorkers\nno workers\n\nSubscriptions\nNAME " in out
+    assert "\n\nSchedules\nno schedules\n" in out
 
     code, report, err = run_json()
     history = report.pop("history")  # its table's size in bytes depends on the server
@@ -309,7 +307,7 @@ def test_an_empty_database_shows_the_default_queue_with_zeros():
         },
         "dead_letters": [],
         "workers": [],
-        "subscriptions": [],
+        "subscriptions": declared_not_started(),
         "schedules": [],
         "thresholds": [],
         "ok": True,
@@ -353,6 +351,55 @@ def test_names_and_hosts_reach_the_terminal_without_control_characters(make_dead
     assert "evil?[2Jtopic" in out and "w?1" in out and "h?" in out
 
 
+def declared_not_started(*also):
+    """The status report's rows of the subscriptions the code declares (the
+    demo project's, and ``also``: (name, stream) pairs) that have no row."""
+    rows = {(spec.name, spec.stream) for spec in subscribers.registered()} | set(also)
+    return [
+        {"name": name, "stream": stream, "state": "not started", "checkpoint_position": None,
+         "head_position": None, "lag": None, "oldest_pending_age_seconds": None,
+         "delivered": 0, "failing_position": None, "attempts": 0, "retry_at": None,
+         "retry_in_seconds": None, "error": None}
+        for name, stream in sorted(rows)
+    ]  # fmt: skip
+
+
+def started(rows):
+    """The report's subscriptions that have a row (a worker started them)."""
+    return [row for row in rows if row["state"] != "not started"]
+
+
+@pytest.fixture
+def declared():
+    """A subscriber that this test's code declares and no worker starts."""
+    subscriber("orders", name="status.fresh")(lambda event: None)
+    yield "status.fresh"
+    subscribers.unregister("status.fresh")
+
+
+@pytest.mark.django_db
+def test_every_declared_subscription_is_listed_those_not_started_as_such(declared):
+    publish("orders", {})
+    Subscription.objects.create(name="status.started", stream="orders")  # a worker's
+    code, report, err = run_json()
+    assert (code, err) == (0, "")
+    started = [row for row in report["subscriptions"] if row["state"] != "not started"]
+    assert [row["name"] for row in started] == ["status.started"], "no longer declared: kept"
+    assert [row for row in report["subscriptions"] if row["state"] == "not started"] == (
+        declared_not_started((declared, "orders"))
+    )
+    names = [row["name"] for row in report["subscriptions"]]
+    assert names == sorted(names) and declared in names
+
+    code, out, err = run()
+    lines = out.splitlines()
+    section = lines[lines.index("Subscriptions") + 2 : lines.index("Schedules") - 1]
+    rows = {line.split()[0]: line for line in section}
+    assert set(rows) == set(names)
+    assert re.fullmatch(r"status\.fresh +orders +not started +- +-", rows[declared]), rows[declared]
+    assert rows["status.started"].split()[1:5] == ["orders", "active", "0", "1"]
+
+
 @pytest.fixture
 def subscription_rows():
     """Five events of stream "orders" and a subscription in each situation:
@@ -389,6 +436,8 @@ def test_subscriptions_show_state_checkpoint_lag_and_why_one_does_not_deliver(su
     p = subscription_rows
     code, report, err = run_json()
     assert (code, err) == (0, "")
+    # The demo project's declared subscriptions: not started (the test above).
+    report["subscriptions"] = started(report["subscriptions"])
     audit = report["subscriptions"][0]
     retrying = {key: audit.pop(key) for key in ("retry_at", "retry_in_seconds")}
     assert retrying["retry_at"] == Subscription.objects.get(name=audit["name"]).retry_at.isoformat()
@@ -437,7 +486,12 @@ def test_subscriptions_show_state_checkpoint_lag_and_why_one_does_not_deliver(su
     lines = out.splitlines()
     section = lines[lines.index("Subscriptions") : lines.index("Schedules") - 1]
     assert section[1].split() == ["NAME", "STREAM", "STATE", "CHECKPOINT", "LAG", "OLDEST", "WHY"]
-    rows = [line.split(None, 6) for line in section[2:]]
+    rows = [line.split(None, 6) for line in section[2:] if " not started " not in line]
+    # The OLDEST column: seconds since the fixture published (as in the JSON
+    # above, under 5 s however loaded the machine), shown here as "0s".
+    for cells in rows[:4]:
+        assert re.fullmatch(r"[0-4]s", cells[5]), cells
+        cells[5] = "0s"
     assert rows[0][:6] == ["audit.orders", "orders", "retrying", "0", "5", "0s"]
     assert re.fullmatch(
         rf"event {p[0]}, attempt 2 in 4m 5\ds: ConnectionError: downstream is down", rows[0][6]
@@ -456,7 +510,9 @@ def test_subscriptions_show_state_checkpoint_lag_and_why_one_does_not_deliver(su
     assert len(rows) == 5
 
     code, report, err = run_json("--queue", "mail")
-    assert len(report["subscriptions"]) == 5, "streams belong to no queue: --queue keeps them"
+    assert len(started(report["subscriptions"])) == 5, (
+        "streams belong to no queue: --queue keeps them"
+    )
 
 
 # --- thresholds ---------------------------------------------------------------------

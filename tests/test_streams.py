@@ -18,11 +18,14 @@ test takes on a loaded machine.
 import datetime
 import logging
 import signal
+import sys
+import threading
+import time
 
 import pytest
 from demo.models import Handled
 from django.core.management import CommandError, call_command
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 from psycopg.types.json import Jsonb
@@ -362,6 +365,76 @@ def test_a_subscriber_that_swallows_a_database_error_fails_its_event(temporary_s
     assert not Handled.objects.exists()
 
 
+class Halt(BaseException):
+    """Neither an Exception nor one of Python's own."""
+
+
+@pytest.mark.parametrize(
+    "raise_it, error",
+    [
+        (lambda: sys.exit(3), "SystemExit: 3"),
+        (lambda: (_ for _ in ()).throw(KeyboardInterrupt()), "KeyboardInterrupt"),
+        (lambda: (_ for _ in ()).throw(Halt("halted")), "Halt: halted"),
+    ],
+    ids=["SystemExit", "KeyboardInterrupt", "a BaseException of its own"],
+)
+def test_a_subscriber_that_raises_a_base_exception_fails_its_event_not_the_thread(
+    temporary_subscriber, raise_it, error
+):
+    def halt(event):
+        Handled.objects.create(message_id=event.position, topic="halt", attempt=1, pid=0)
+        raise_it()
+
+    temporary_subscriber(
+        "test.halt", "test.halt", halt, max_attempts=2, backoff_base=0.05, backoff_cap=0.05
+    )
+    bad = publish("test.halt", {}).position
+    with running_worker(subscriptions=["test.halt", LEDGER], poll_interval=0.2) as worker:
+
+        def alive_and(condition):
+            assert worker.stream_delivery_died is None, worker.stream_delivery_died
+            return condition()
+
+        # Tried again, then stopped with its reason, as any failure.
+        blocked = Subscription.objects.filter(name="test.halt", state=SubscriptionState.BLOCKED)
+        wait_until(
+            lambda: alive_and(blocked.exists),
+            timeout=HORIZON_TIMEOUT,
+            message="the subscription to block",
+        )
+        # The delivery thread lives on and delivers to the others.
+        position = publish("test.events", {}).position
+        wait_until(
+            lambda: alive_and(lambda: delivered() == [position]),
+            timeout=HORIZON_TIMEOUT,
+            message="the next delivery",
+        )
+        healthy, details = worker.health()
+        assert details["streams"]["alive"] and "last_error" not in details["streams"], details
+        assert worker.stream_delivery_died is None
+    subscription = row("test.halt")
+    assert (subscription.attempts, subscription.failing_position) == (2, bad)
+    assert subscription.last_error == error
+    assert subscription.checkpoint_position == 0 and delivered("halt") == [], "rolled back"
+
+
+def test_ctrl_c_on_the_main_thread_stops_a_delivery_and_records_nothing(temporary_subscriber):
+    # Python raises the operator's Ctrl-C in the main thread only, wherever
+    # it runs: there a KeyboardInterrupt stops the program (the batch rolls
+    # back), and counts no attempt against the subscriber.
+    def interrupted(event):
+        Handled.objects.create(message_id=event.position, topic="interrupted", attempt=1, pid=0)
+        raise KeyboardInterrupt
+
+    temporary_subscriber("test.interrupted", "test.interrupted", interrupted)
+    settle("test.interrupted", publish("test.interrupted", {}).position)
+    with pytest.raises(KeyboardInterrupt):
+        delivery.deliver(spec("test.interrupted"))
+    subscription = row("test.interrupted")
+    assert (subscription.state, subscription.attempts) == (SubscriptionState.ACTIVE, 0)
+    assert subscription.checkpoint_position == 0 and delivered("interrupted") == []
+
+
 def test_an_exhausted_event_blocks_the_subscription_until_an_operator_acts():
     blocked_signals = []
     signals.subscription_blocked.connect(
@@ -464,6 +537,81 @@ def test_one_delivery_at_a_time_per_subscription():
         assert outcome.outcome == delivery.BUSY and delivered() == []
         other.rollback()
     assert deliver(LEDGER, subscription_id=subscription_id).delivered == 1
+
+
+# The worker's LOCK_TIMEOUT in the tests of its limits (seconds); a wait for
+# a lock that these tests hold ends past it, far sooner than RELEASE_AFTER.
+SHORT_LOCK_TIMEOUT = 0.3
+RELEASE_AFTER = 30.0
+
+
+@override_settings(PGQUEUE={"LOCK_TIMEOUT": SHORT_LOCK_TIMEOUT})
+def test_a_delivery_gives_up_on_a_held_table_lock_and_its_subscriber_runs_without_limits(
+    temporary_subscriber,
+):
+    seen = []
+
+    def settings_seen(event):
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT current_setting('lock_timeout'), current_setting('statement_timeout')"
+            )
+            seen.append(cursor.fetchone())
+
+    temporary_subscriber("test.limits", "test.limits", settings_seen)
+    subscription_id = subscriptions.ensure([spec("test.limits")])["test.limits"]
+    settle("test.limits", publish("test.limits", {}).position)
+    with connection.cursor() as cursor:  # the session's own, outside any transaction
+        cursor.execute(
+            "SELECT current_setting('lock_timeout'), current_setting('statement_timeout')"
+        )
+        session = cursor.fetchone()
+    with raw_connection() as locker:
+        # What a migration, a VACUUM FULL or a TRUNCATE holds.
+        locker.execute(f"LOCK TABLE {EVENTS_TABLE} IN ACCESS EXCLUSIVE MODE")
+        release = threading.Timer(RELEASE_AFTER, locker.rollback)  # a bound, not the test
+        release.start()
+        started = time.monotonic()
+        try:
+            with pytest.raises(OperationalError, match="lock timeout"):
+                delivery.deliver(spec("test.limits"), subscription_id)
+            waited = time.monotonic() - started
+        finally:
+            release.cancel()
+            locker.rollback()
+    assert waited < RELEASE_AFTER / 2, f"the delivery waited {waited:.1f}s for the lock"
+    assert row("test.limits").checkpoint_position == 0 and seen == []
+    assert deliver("test.limits", subscription_id=subscription_id).outcome == delivery.DELIVERED
+    assert seen == [session], "the subscriber's queries ran under the worker's limits"
+
+
+@pytest.mark.parametrize("table", [EVENTS_TABLE, "django_pgqueue_subscription"])
+def test_the_delivery_thread_retries_past_a_held_lock_and_delivers_once_it_is_gone(table):
+    position = publish("test.events", {}).position
+    with (
+        override_settings(PGQUEUE={"LOCK_TIMEOUT": SHORT_LOCK_TIMEOUT}),
+        raw_connection() as locker,
+    ):
+        locker.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+        with running_worker(subscriptions=[LEDGER], poll_interval=0.2) as worker:
+
+            def streams():
+                return worker.health()[1].get("streams") or {}  # {} until it starts
+
+            # Its queries give up, and say so, instead of waiting for the lock.
+            wait_until(
+                lambda: "lock timeout" in streams().get("last_error", ""),
+                timeout=RELEASE_AFTER,
+                message="the delivery thread to give up on the lock",
+            )
+            assert streams()["alive"] and delivered() == []
+            locker.rollback()
+            wait_until(
+                lambda: delivered() == [position],
+                timeout=HORIZON_TIMEOUT,
+                message="the delivery once the lock is gone",
+            )
+            wait_until(lambda: "last_error" not in streams(), message="the error to clear")
 
 
 def test_an_operator_change_during_a_delivery_rolls_the_batch_back(temporary_subscriber):
@@ -639,7 +787,7 @@ def test_the_hot_statements_read_the_stream_index():
     statements = {
         "next events": (
             delivery.statement(delivery.NEXT_SQL),
-            {"now": None, "limit": 50, "id": ids[LEDGER]},
+            [None, 50, ids[LEDGER]],  # now, limit, id
         ),
         "probe": (delivery.statement(delivery.PROBE_SQL), [list(ids.values())]),
         "head": (subscriptions.HEAD_SQL.format(**tables), ["test.events"]),
@@ -792,12 +940,23 @@ def test_burst_waits_for_events_an_older_open_transaction_holds_back(start_worke
 
 
 def test_burst_fails_when_the_delivery_thread_dies(caplog):
-    # SystemExit is no Exception: a subscriber that calls sys.exit() ends
-    # the delivery thread. A burst must not exit 0 as if all was delivered.
-    publish("test.events", {"exit": 3})
-    with pytest.raises(CommandError, match=r"stream delivery stopped \(the delivery thread died: "):
-        call_command(
-            "pgqueue_worker", "--burst", "--subscriptions", LEDGER, "--poll-interval", "60"
-        )
+    # A subscriber's SystemExit is its failure; outside a subscriber one
+    # still ends the delivery thread: here a receiver of subscription_blocked
+    # that calls sys.exit() (signals.send catches Exceptions only). A burst
+    # must not exit 0 as if all was delivered.
+    def exit_receiver(sender, **kwargs):
+        sys.exit(3)
+
+    signals.subscription_blocked.connect(exit_receiver, weak=False, dispatch_uid="t")
+    try:
+        publish("test.events", {"raise": "Permanent"})
+        with pytest.raises(
+            CommandError, match=r"stream delivery stopped \(the delivery thread died: "
+        ):
+            call_command(
+                "pgqueue_worker", "--burst", "--subscriptions", LEDGER, "--poll-interval", "60"
+            )
+    finally:
+        signals.subscription_blocked.disconnect(dispatch_uid="t")
     assert "SystemExit: 3" in caplog.text
-    assert delivered() == [] and row(LEDGER).checkpoint_position == 0, "the batch rolled back"
+    assert delivered() == [] and row(LEDGER).state == SubscriptionState.BLOCKED

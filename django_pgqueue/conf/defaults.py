@@ -127,7 +127,9 @@ DEFAULTS: dict[str, Any] = {
     "LOG_SUMMARY_INTERVAL": 60.0,
     # Limits on the worker's own statements that may wait for a lock (an
     # atomic handler's acknowledgement, lease extension, heartbeat and poll,
-    # retries and dead-lettering, maintenance), in seconds; None keeps the
+    # retries and dead-lettering, maintenance, the stream delivery thread's
+    # reads of its subscriptions and events and its checkpoint's moves, never
+    # a subscriber's queries), in seconds; None keeps the
     # server's setting. The claim and the batched acknowledgements of
     # atomic=False handlers never wait for a lock (SKIP LOCKED) and carry
     # none. Set per transaction (SET LOCAL), so they never reach a handler's

@@ -20,7 +20,7 @@ from django.db.models.functions import Now
 from django.db.models.signals import post_init, pre_init
 
 from django_pgqueue import conf
-from django_pgqueue.fields import DateTimeField
+from django_pgqueue.fields import TIMESTAMP_MAX, DateTimeField
 
 
 class Status(models.TextChoices):
@@ -180,6 +180,15 @@ class Message(models.Model):
                 condition=~Q(status=Status.PROCESSING)
                 | Q(lease_token__isnull=False, lease_expires_at__isnull=False),
                 name="pgqueue_msg_processing_has_lease",
+            ),
+            # ... and the lease ends at a date: one at 'infinity' (or past
+            # year 9999) would never expire, and the rescue never return the
+            # row. Refused rather than rescued: a worker never writes one, and
+            # a live worker's row is not taken from it on the say-so of
+            # another client's bad write (migration 0017 expires any it finds).
+            models.CheckConstraint(
+                condition=~Q(status=Status.PROCESSING) | Q(lease_expires_at__lte=TIMESTAMP_MAX),
+                name="pgqueue_msg_processing_lease_finite",
             ),
         ]
 

@@ -4,6 +4,8 @@
 
 - System: the queue database answers, and every configured queue
   (``PGQUEUE["QUEUES"]``) has at least one worker with a fresh heartbeat.
+  It lists every stream subscription with its state, those the code
+  declares and no worker has started yet as "not started".
   For a load balancer or an uptime monitor: "is anything consuming?".
 - Worker: its main loop goes round (and its stream delivery thread, when it
   serves subscriptions: ``Worker.health``) and its database connection
@@ -54,6 +56,7 @@ def system_health():
         }
     try:
         live = stats.live_workers_by_queue()
+        subscriptions = stats.subscription_states()
     except DatabaseError as exc:
         logger.warning("Health check: the worker table cannot be read: %s", exc)
         return False, {
@@ -71,6 +74,9 @@ def system_health():
         "status": "unhealthy" if problems else "ok",
         "database": "ok",
         "queues": {queue: {"workers_alive": live.get(queue, 0)} for queue in queues},
+        # Every subscription the code declares ("not started" until a worker
+        # starts it): shown, not judged (a worker may serve none on purpose).
+        "subscriptions": subscriptions,
         "problems": problems,
     }
     return not problems, body

@@ -10,6 +10,7 @@ values in a stable order: plain tuples and dicts, or (``workers``,
 from __future__ import annotations
 
 import datetime
+from collections.abc import Iterable
 from typing import Any
 
 from django.db.models import BooleanField, Case, Count, ExpressionWrapper, Min, Q, Value, When
@@ -25,6 +26,8 @@ from django_pgqueue.models import (
     Subscription,
     WorkerHeartbeat,
 )
+from django_pgqueue.streams import subscribers
+from django_pgqueue.streams.subscribers import SubscriberSpec
 
 
 def dead_letters_by_topic_and_category(state: str | None = None) -> list[tuple[str, str, int]]:
@@ -156,6 +159,29 @@ def live_by_queue(rows: list[Any]) -> dict[str, int]:
 
 
 # --- streams (the transactional outbox) -------------------------------------------------
+
+
+# The state shown for a subscription the code declares (@subscriber) that no
+# worker has started yet: it has no row, so no checkpoint, lag or error.
+NOT_STARTED = "not started"
+
+
+def subscriptions_not_started(started: Iterable[str]) -> list[SubscriberSpec]:
+    """The registered subscribers whose subscription is not among the names
+    ``started`` (a worker creates a subscription's row when it starts
+    delivering to it)."""
+    names = set(started)
+    return [spec for spec in subscribers.registered() if spec.name not in names]
+
+
+def subscription_states() -> dict[str, dict[str, str]]:
+    """``{name: {"stream": ..., "state": ...}}`` of every subscription by
+    name: its row's state, or NOT_STARTED for a declared one without a row."""
+    rows = Subscription.objects.using(conf.database_alias()).values_list("name", "stream", "state")
+    found = {name: {"stream": stream, "state": state} for name, stream, state in rows}
+    for spec in subscriptions_not_started(found):
+        found[spec.name] = {"stream": spec.stream, "state": NOT_STARTED}
+    return dict(sorted(found.items()))
 
 
 def subscriptions_with_lag() -> list[Any]:

@@ -64,7 +64,17 @@ def report(selected: list[str] | None) -> dict[str, Any]:
             for topic, category, state, number in dead_letters
         ],
         "workers": [_worker(w) for w in workers],
-        "subscriptions": [_subscription(row) for row in subscriptions],
+        # Every subscription the code declares, the ones no worker has
+        # started yet too (they have no row), and any row left of one that
+        # is no longer declared; by name.
+        "subscriptions": sorted(
+            [_subscription(row) for row in subscriptions]
+            + [
+                _not_started(spec)
+                for spec in stats.subscriptions_not_started(row.name for row in subscriptions)
+            ],
+            key=lambda row: row["name"],
+        ),
         # Schedules have no queue of their own to --queue by: always all.
         "schedules": [row.as_json() for row in overview.rows()],
         # Finished messages kept (KEEP_FINISHED): how many, how old.
@@ -122,4 +132,23 @@ def _subscription(row: Any) -> dict[str, Any]:
             round(max((retry_at - row.now).total_seconds(), 0.0), 3) if retry_at else None
         ),
         "error": row.last_error if failing else None,
+    }
+
+
+def _not_started(spec: Any) -> dict[str, Any]:
+    """A declared subscription without a row: nothing read, nothing to say."""
+    return {
+        "name": spec.name,
+        "stream": spec.stream,
+        "state": stats.NOT_STARTED,
+        "checkpoint_position": None,
+        "head_position": None,
+        "lag": None,
+        "oldest_pending_age_seconds": None,
+        "delivered": 0,
+        "failing_position": None,
+        "attempts": 0,
+        "retry_at": None,
+        "retry_in_seconds": None,
+        "error": None,
     }

@@ -20,16 +20,17 @@ import contextlib
 import datetime
 import json
 import logging
+import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from django.db import connections, transaction
 from django.utils import timezone
 
-from django_pgqueue import conf, policy, registry, signals, tracing
+from django_pgqueue import conf, policy, registry, signals, sql, tracing
 from django_pgqueue.db import LazySavepoint, transaction_failed
 from django_pgqueue.exceptions import Permanent, Retry, describe
 from django_pgqueue.fields import finite_sql
@@ -44,7 +45,10 @@ logger = logging.getLogger(__name__)
 # after the lock is taken: its snapshot then sees the checkpoint that the
 # previous holder committed. Read through the stream index, after the
 # checkpoint and below the snapshot's xmin. ({retry_at} and {created_at}:
-# the columns as Python can load them, see statement().)
+# the columns as Python can load them, see statement().) Under the worker's
+# limits, which the subscriber's queries after it never get
+# (with_limits_for_itself); so are the thread's other statements: the
+# probe, ensuring the rows, the checkpoint's moves.
 NEXT_SQL = """
 SELECT s.state, s.checkpoint_xid::text, s.checkpoint_position, s.attempts,
     s.failing_position, {retry_at}, s.name, s.stream, e.position, e.xid::text, e.key,
@@ -54,10 +58,10 @@ FROM {subs} s LEFT JOIN LATERAL (
     WHERE stream = s.stream AND (xid, position) > (s.checkpoint_xid, s.checkpoint_position)
         AND xid < pg_snapshot_xmin(pg_current_snapshot())
         AND s.state IN ('active', 'retrying')
-        AND (s.retry_at IS NULL OR s.retry_at <= COALESCE(%(now)s::timestamptz, now()))
-    ORDER BY xid, position LIMIT %(limit)s
+        AND (s.retry_at IS NULL OR s.retry_at <= COALESCE(%s::timestamptz, now()))
+    ORDER BY xid, position LIMIT %s
 ) AS e ON true
-WHERE s.id = %(id)s
+WHERE s.id = %s
 ORDER BY e.xid, e.position
 """
 
@@ -77,6 +81,33 @@ SELECT s.id, s.state, {retry_at}, now(),
         AND (e.xid, e.position) > (s.checkpoint_xid, s.checkpoint_position))
 FROM {subs} s WHERE s.id = ANY(%s)
 """
+
+# The worker's limits for one statement inside a transaction that goes on
+# without them (a stream delivery's read of its events: the subscriber's
+# queries follow in the same transaction). The session's values are kept in
+# two settings of our own for the transaction, and put back right after the
+# statement, all in one round trip.
+KEEP_SETTINGS_SQL = (
+    "SELECT set_config('pgqueue.lock_timeout', current_setting('lock_timeout'), true), "
+    "set_config('pgqueue.statement_timeout', current_setting('statement_timeout'), true)"
+)
+PUT_BACK_SETTINGS_SQL = (
+    "SELECT set_config('lock_timeout', current_setting('pgqueue.lock_timeout'), true), "
+    "set_config('statement_timeout', current_setting('pgqueue.statement_timeout'), true)"
+)
+
+
+def with_limits_for_itself(query: str, params: Sequence[Any]) -> tuple[str, list[Any], int]:
+    """``query`` under the worker's limits inside a transaction whose later
+    statements run without them, and the number of results to skip before
+    ``query``'s (one more, the settings put back, follows it). Client-side
+    binding only, as ``sql.with_limits``."""
+    extra = sql.limits()
+    if extra is None:
+        return query, list(params), 0
+    statements = [KEEP_SETTINGS_SQL, sql.LIMITS_SQL, query, PUT_BACK_SETTINGS_SQL]
+    return ";".join(statements), [*extra, *params], 2
+
 
 # A batch takes no more events once it has run this long (seconds): once a
 # subscriber has written, the batch's transaction holds back every
@@ -183,8 +214,12 @@ def batch_size(spec: SubscriberSpec) -> int:
 
 def probe(ids: Iterable[int]) -> list[Probe]:
     """One Probe per existing subscription among ``ids``."""
+    # In autocommit: the limits hold for this statement's implicit transaction.
+    probe_sql, params, skip = sql.with_limits(statement(PROBE_SQL), [list(ids)])
     with connections[conf.database_alias()].cursor() as cursor:
-        cursor.execute(statement(PROBE_SQL), [list(ids)])
+        cursor.execute(probe_sql, params)
+        for _ in range(skip):
+            cursor.nextset()  # past the limits
         return [Probe(*row) for row in cursor.fetchall()]
 
 
@@ -218,11 +253,13 @@ def deliver(
         with transaction.atomic(using=using):
             if not subscriptions.try_lock(subscription_id):
                 return Delivery(BUSY)
+            next_sql, params, skip = with_limits_for_itself(
+                statement(NEXT_SQL), [now, limit, subscription_id]
+            )
             with connections[using].cursor() as cursor:
-                cursor.execute(
-                    statement(NEXT_SQL),
-                    {"now": now, "limit": limit, "id": subscription_id},
-                )
+                cursor.execute(next_sql, params)
+                for _ in range(skip):
+                    cursor.nextset()  # past the limits
                 rows = cursor.fetchall()
             if not rows:
                 return Delivery(GONE)
@@ -288,7 +325,9 @@ def _run(
                         "cannot commit (wrap queries that may fail in transaction.atomic())"
                     )
                 savepoint.disarm()
-            except Exception as exc:  # noqa: BLE001  any failure is recorded
+            except BaseException as exc:  # noqa: BLE001  (a subscriber may raise anything)
+                if _interrupts_the_program(exc):
+                    raise  # the batch rolls back; nothing is recorded
                 # Undo this event alone: its writes and its on_commit callbacks.
                 # (If that cannot be done, this raises: the batch rolls back.)
                 savepoint.rollback()
@@ -310,6 +349,20 @@ def _run(
     return Delivery(DELIVERED, delivered=batch.done, more=more)
 
 
+def _interrupts_the_program(exc: BaseException) -> bool:
+    """Whether ``exc``, raised from a subscriber's call, is the operator's
+    Ctrl-C rather than the subscriber's failure: a KeyboardInterrupt on the
+    main thread, where Python raises SIGINT's wherever the code happens to
+    be (a delivery run from a script or a shell). Anything else a subscriber
+    raises, SystemExit included, is its failure, retried and then recorded,
+    as a task's is. The worker delivers in a thread of its own, which no
+    signal reaches: its shutdown sets a flag that stops the thread between
+    batches, and raises nothing into a subscriber."""
+    return (
+        isinstance(exc, KeyboardInterrupt) and threading.current_thread() is threading.main_thread()
+    )
+
+
 def _start_span(tracer: Any, spec: SubscriberSpec, event: Event) -> Any:
     """The CONSUMER span of delivering ``event`` to ``spec`` (tracing on)."""
     return tracing.start_consumer(
@@ -322,7 +375,7 @@ def _failed(
     spec: SubscriberSpec,
     batch: subscriptions.Batch,
     event: Event,
-    exc: Exception,
+    exc: BaseException,
     span: Any = None,
 ) -> Delivery:
     """``event`` failed (its savepoint is rolled back): retry it later, block

@@ -225,7 +225,8 @@ class StreamWorker:
                 if wait > 0 and not self._stop.is_set():
                     self._wake.wait(wait)
                     self._wake.clear()
-        except BaseException as exc:  # noqa: BLE001  SystemExit from a subscriber, say
+        except BaseException as exc:  # noqa: BLE001  a receiver's SystemExit, say
+            # (A subscriber's is its event's failure: delivery records it.)
             # Ends the thread (as it would anyway), but not silently: the
             # health check and --burst need to know.
             self.error = f"the delivery thread died: {_first_line(exc)}"

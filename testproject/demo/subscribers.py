@@ -9,7 +9,10 @@ import os
 import sys
 import time
 
-from django_pgqueue import subscriber
+from django.dispatch import receiver
+
+from django_pgqueue import signals, subscriber
+from django_pgqueue.models import StreamEvent
 
 from .handlers import FAILURES
 from .models import Handled
@@ -26,8 +29,8 @@ def act(event):
     seconds, the first time only (the first process to create the file
     "once" sleeps; a delivery that is redone after a crash does not),
     "raise" (the name of one of handlers.FAILURES) on the first "times"
-    attempts (all if absent), or "exit": calls sys.exit() (SystemExit is no
-    Exception: it ends the worker's delivery thread; the batch rolls back)."""
+    attempts (all if absent), or "exit": calls sys.exit() (a failure like
+    any other: SystemExit is no Exception, but the delivery records it)."""
     record(event)
     payload = event.payload if isinstance(event.payload, dict) else {}
     if payload.get("sleep"):
@@ -43,6 +46,22 @@ def act(event):
     times = payload.get("times")
     if "raise" in payload and (times is None or event.attempts <= times):
         raise FAILURES[payload["raise"]]()
+
+
+@receiver(signals.subscription_blocked)
+def exit_when_asked(sender, position, **kwargs):
+    """A receiver of subscription_blocked that calls sys.exit() when the
+    event that blocked asks for it ({"receiver_exit": status}): SystemExit
+    is no Exception, so it ends the worker's delivery thread (the tests of a
+    dead delivery thread). Reads that one key only: the event's payload may
+    be more than Python can load."""
+    status = (
+        StreamEvent.objects.filter(pk=position, payload__has_key="receiver_exit")
+        .values_list("payload__receiver_exit", flat=True)
+        .first()
+    )
+    if status is not None:
+        sys.exit(status)
 
 
 @subscriber("test.events", name="test.ledger", backoff_base=0.05, backoff_cap=0.1)

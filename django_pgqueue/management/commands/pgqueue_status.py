@@ -52,7 +52,7 @@ SCHEDULE_COLUMNS = Columns(
 )
 SUBSCRIPTION_COLUMNS = Columns(
     ["NAME", "STREAM", "STATE", "CHECKPOINT", "LAG", "OLDEST", "WHY"],
-    "<26 <20 <8 >10 >8 >7 <100",  # WHY last: long enough for an error's first line
+    "<26 <20 <11 >10 >8 >7 <100",  # WHY last: long enough for an error's first line
 )
 
 
@@ -60,7 +60,8 @@ class Command(BaseCommand):
     help = (
         "Show the queues (ready, delayed and processing messages by queue and topic, the "
         "oldest ready message's age, live workers), the dead letters by topic, category and "
-        "state, the workers with their last heartbeat, and the stream subscriptions (state, "
+        "state, the workers with their last heartbeat, and the stream subscriptions (every one "
+        "the code declares, those no worker has started yet as 'not started'; state, "
         "checkpoint, lag, why one is blocked or retrying) and the periodic schedules (next and "
         "last tick, the last message's state, paused or not). Exit status: 0 when no threshold "
         "is crossed; 1 when one is (the report is still written, and one CRITICAL line per "
@@ -236,6 +237,8 @@ def _worker_cells(worker: dict[str, Any]) -> list[object]:
 
 
 def _subscription_cells(row: dict[str, Any]) -> list[object]:
+    if row["state"] == stats.NOT_STARTED:
+        return [row["name"], row["stream"], row["state"], "-", "-"]  # the state says why
     oldest = row["oldest_pending_age_seconds"]
     return [
         row["name"],
