@@ -48,6 +48,33 @@ def with_limits(sql: str, params: Sequence[Any]) -> tuple[str, list[Any], int]:
     return f"{LIMITS_SQL};{sql}", [*extra, *params], 1
 
 
+# The worker's limits for one statement inside a transaction that goes on
+# without them (a stream delivery's read of its events: the subscriber's
+# queries follow in the same transaction). The session's values are kept in
+# two settings of our own for the transaction, and put back right after the
+# statement, all in one round trip.
+KEEP_SETTINGS_SQL = (
+    "SELECT set_config('pgqueue.lock_timeout', current_setting('lock_timeout'), true), "
+    "set_config('pgqueue.statement_timeout', current_setting('statement_timeout'), true)"
+)
+PUT_BACK_SETTINGS_SQL = (
+    "SELECT set_config('lock_timeout', current_setting('pgqueue.lock_timeout'), true), "
+    "set_config('statement_timeout', current_setting('pgqueue.statement_timeout'), true)"
+)
+
+
+def with_limits_for_itself(query: str, params: Sequence[Any]) -> tuple[str, list[Any], int]:
+    """``query`` under the worker's limits inside a transaction whose later
+    statements run without them, and the number of results to skip before
+    ``query``'s (one more, the settings put back, follows it). Client-side
+    binding only, as ``with_limits``."""
+    extra = limits()
+    if extra is None:
+        return query, list(params), 0
+    statements = [KEEP_SETTINGS_SQL, LIMITS_SQL, query, PUT_BACK_SETTINGS_SQL]
+    return ";".join(statements), [*extra, *params], 2
+
+
 def set_limits(using: str | None = None) -> None:
     """Put the worker's limits on the current transaction of ``using``."""
     params = limits()

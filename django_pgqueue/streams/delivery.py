@@ -23,19 +23,20 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from django.db import connections, transaction
 from django.utils import timezone
 
-from django_pgqueue import conf, policy, registry, signals, sql, tracing
+from django_pgqueue import conf, policy, registry, signals, tracing
 from django_pgqueue.db import LazySavepoint, transaction_failed
 from django_pgqueue.exceptions import Permanent, Retry, describe
 from django_pgqueue.fields import finite_sql
 from django_pgqueue.models import StreamEvent
 from django_pgqueue.models.streams import DELIVERING, Subscription, SubscriptionState
+from django_pgqueue.sql import timeouts as timeouts_sql
 from django_pgqueue.streams import subscriptions
 from django_pgqueue.streams.subscribers import DEAD_LETTER, SubscriberSpec
 
@@ -81,33 +82,6 @@ SELECT s.id, s.state, {retry_at}, now(),
         AND (e.xid, e.position) > (s.checkpoint_xid, s.checkpoint_position))
 FROM {subs} s WHERE s.id = ANY(%s)
 """
-
-# The worker's limits for one statement inside a transaction that goes on
-# without them (a stream delivery's read of its events: the subscriber's
-# queries follow in the same transaction). The session's values are kept in
-# two settings of our own for the transaction, and put back right after the
-# statement, all in one round trip.
-KEEP_SETTINGS_SQL = (
-    "SELECT set_config('pgqueue.lock_timeout', current_setting('lock_timeout'), true), "
-    "set_config('pgqueue.statement_timeout', current_setting('statement_timeout'), true)"
-)
-PUT_BACK_SETTINGS_SQL = (
-    "SELECT set_config('lock_timeout', current_setting('pgqueue.lock_timeout'), true), "
-    "set_config('statement_timeout', current_setting('pgqueue.statement_timeout'), true)"
-)
-
-
-def with_limits_for_itself(query: str, params: Sequence[Any]) -> tuple[str, list[Any], int]:
-    """``query`` under the worker's limits inside a transaction whose later
-    statements run without them, and the number of results to skip before
-    ``query``'s (one more, the settings put back, follows it). Client-side
-    binding only, as ``sql.with_limits``."""
-    extra = sql.limits()
-    if extra is None:
-        return query, list(params), 0
-    statements = [KEEP_SETTINGS_SQL, sql.LIMITS_SQL, query, PUT_BACK_SETTINGS_SQL]
-    return ";".join(statements), [*extra, *params], 2
-
 
 # A batch takes no more events once it has run this long (seconds): once a
 # subscriber has written, the batch's transaction holds back every
@@ -215,7 +189,7 @@ def batch_size(spec: SubscriberSpec) -> int:
 def probe(ids: Iterable[int]) -> list[Probe]:
     """One Probe per existing subscription among ``ids``."""
     # In autocommit: the limits hold for this statement's implicit transaction.
-    probe_sql, params, skip = sql.with_limits(statement(PROBE_SQL), [list(ids)])
+    probe_sql, params, skip = timeouts_sql.with_limits(statement(PROBE_SQL), [list(ids)])
     with connections[conf.database_alias()].cursor() as cursor:
         cursor.execute(probe_sql, params)
         for _ in range(skip):
@@ -253,7 +227,7 @@ def deliver(
         with transaction.atomic(using=using):
             if not subscriptions.try_lock(subscription_id):
                 return Delivery(BUSY)
-            next_sql, params, skip = with_limits_for_itself(
+            next_sql, params, skip = timeouts_sql.with_limits_for_itself(
                 statement(NEXT_SQL), [now, limit, subscription_id]
             )
             with connections[using].cursor() as cursor:

@@ -116,7 +116,7 @@ def ensure(specs):
     of those whose row follows the spec's stream. A row of another stream
     (the subscriber was moved to another stream) is logged and left out."""
     using = conf.database_alias()
-    with sql.worker_transaction(using):  # a worker's delivery thread runs it
+    with timeouts_sql.worker_transaction(using):  # a worker's delivery thread runs it
         return _ensure(specs, using)
 
 
@@ -231,7 +231,7 @@ def dead_letter_event(batch, position, attempts, category, reason, traceback="")
     the key. Reviving it enqueues a message of topic <stream>: a handler for
     that topic can redo the work."""
     using = conf.database_alias()
-    sql.set_limits(using)  # after the subscriber, as _save's
+    timeouts_sql.set_limits(using)  # after the subscriber, as _save's
     event = StreamEvent.objects.using(using).only("xid", "stream").get(pk=position)
     now = batch.now or timezone.now()
     dead = DeadLetter.objects.using(using).create(
