@@ -352,11 +352,17 @@ class WorkerProcess:
         }
         self.log_path = log_path
         self._log = open(log_path, "w")  # noqa: SIM115  (closed in stop())
+        from benchmarks.harness.processes import die_with_parent
+
+        # It ends with this test process, even one killed outright: a worker
+        # left behind would hold the test database, and the next run could
+        # not drop it.
         self.popen = subprocess.Popen(
             [sys.executable, str(MANAGE), "pgqueue_worker", *args],
             env=env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent(),
         )
         self.pid = self.popen.pid
 

@@ -194,7 +194,7 @@ def test_two_connections_racing_for_one_window_send_exactly_one_alert(
                 "SELECT count(*) FROM pg_stat_activity "
                 "WHERE datname = current_database() AND wait_event_type = 'Lock'"
             ).fetchone()[0],
-            timeout=10,
+            timeout=60,
             message="the second statement to wait for the first one's lock",
         )
     finally:

@@ -320,7 +320,7 @@ def streams_health_when(port, condition):
             and condition(got[0], got[1]["streams"])
             and got
         ),
-        timeout=30,
+        timeout=60,
         message="the worker's health to report it",
     )
 

@@ -36,7 +36,7 @@ def counts():
     return result
 
 
-def run_until_empty(timeout=20.0):
+def run_until_empty(timeout=60.0):
     """Burst workers until no message is left (retries wait their backoff)."""
     deadline = time.monotonic() + timeout
     while Message.objects.exclude(status=Status.CANCELLED).exists():

@@ -141,7 +141,7 @@ def test_a_worker_counts_its_reconnects(start_worker):
             "pgqueue_worker_reconnects_total",
             connection="listener",
         ),
-        timeout=20,
+        timeout=60,
         message="the listener's reconnect to be counted",
     )
 

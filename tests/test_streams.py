@@ -883,7 +883,7 @@ def test_kill_9_mid_delivery_loses_nothing_and_keeps_the_order(start_worker, tmp
                 "AND objid = %s AND granted",
                 [subscriptions.LOCK_KEY, subscription_id],
             ).fetchone(),
-            timeout=10,
+            timeout=60,
             message="the victim to hold the subscription's lock",
         )
     assert holder
