@@ -161,6 +161,37 @@ def shared_server_changes(before):
 
 
 @pytest.fixture(scope="session", autouse=True)
+def flush_only_tables_with_rows():
+    """A transactional test's teardown empties the test databases with
+    Django's flush: one TRUNCATE of every table, about 100 ms of the
+    server's time for our 25 (each table gets new files), after every such
+    test. TRUNCATE the tables that hold rows only (one query finds them):
+    the same end state, a fraction of the cost."""
+    from django.db.backends.postgresql.operations import DatabaseOperations
+
+    flush = DatabaseOperations.sql_flush
+
+    def sql_flush(self, style, tables, *, reset_sequences=False, allow_cascade=False):
+        if tables and not reset_sequences:
+            quote = self.quote_name
+            probe = ", ".join(f"EXISTS (SELECT FROM {quote(table)})" for table in tables)
+            with self.connection.cursor() as cursor:
+                cursor.execute(f"SELECT {probe}")
+                held = cursor.fetchone()
+            tables = [table for table, has_rows in zip(tables, held, strict=True) if has_rows]
+            # A table that an empty one references is truncated with it
+            # (CASCADE): PostgreSQL refuses it alone, rows or not.
+            allow_cascade = True
+        return flush(
+            self, style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade
+        )
+
+    DatabaseOperations.sql_flush = sql_flush
+    yield
+    DatabaseOperations.sql_flush = flush
+
+
+@pytest.fixture(scope="session", autouse=True)
 def shared_servers_untouched():
     """Fails the run (an error at the last teardown) if a server of DATABASES
     was restarted, or its configuration reloaded, while the suite ran: its

@@ -44,6 +44,15 @@ def nothing_left_by_an_earlier_vacuum(monkeypatch):
     monkeypatch.setattr(vacuum, "_left_dead_rows", 0)
 
 
+@pytest.fixture(autouse=True)
+def statistics_from_zero():
+    """The queue table's live and dead row counts start at zero: TRUNCATE
+    resets them, and the suite's flush after an earlier test truncates the
+    tables that hold rows only (conftest.flush_only_tables_with_rows)."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"TRUNCATE {TABLE} CASCADE")
+
+
 @override_settings(PGQUEUE={"VACUUM_DEAD_ROWS": 100})
 def test_the_round_vacuums_the_queue_table_when_dead_rows_pile_up(caplog):
     leave_dead_rows(300)
