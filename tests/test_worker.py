@@ -360,8 +360,13 @@ def test_an_idle_worker_issues_at_most_one_query_per_poll_interval(monkeypatch):
 
 def test_stop_lets_the_running_handler_finish():
     message = enqueue("test.sleep", {"seconds": 0.5})
-    with running_worker(concurrency=1, shutdown_timeout=10):
-        wait_until(lambda: Message.objects.filter(status="processing").exists())
+    with running_worker(concurrency=1, shutdown_timeout=10) as worker:
+        # Started, not only claimed: a claimed message not yet started is
+        # handed back at the stop, without running (the next test).
+        wait_until(
+            lambda: any(job.started is not None for job in worker._ledger.leased()),
+            message="the handler to start",
+        )
     assert handled_ids() == {message.pk: 1}
     assert not Message.objects.exists()
 
