@@ -306,11 +306,11 @@ def test_the_claim_plan_does_not_read_blocked_messages():
 
 
 @pytest.mark.slow
-def test_four_workers_keep_the_order_of_200_groups_of_20_and_run_groups_in_parallel(
+def test_four_workers_keep_the_order_of_200_groups_of_50_and_run_groups_in_parallel(
     start_worker,
 ):
     rng = random.Random(8)
-    groups, per_group = 200, 20
+    groups, per_group = 200, 50
     # Interleaved enqueue: each group's messages in order, the groups shuffled.
     slots = [g for g in range(groups) for _ in range(per_group)]
     rng.shuffle(slots)
