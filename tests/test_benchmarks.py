@@ -142,6 +142,7 @@ def test_instructions():
     out = run(
         "instructions",
         *["--messages", "2", "--scenarios", "enqueue-bulk", "--database-url", url],
-        timeout=600,
+        # Two Python start-ups under valgrind: minutes on a loaded machine.
+        timeout=1500,
     )
     assert re.search(r"enqueue-bulk +[\d,]+$", out, re.M), out

@@ -120,7 +120,7 @@ def test_short_chaos_soak_loses_nothing(throwaway_cluster, tmp_path):
             "--seed",
             "7",
             "--timeout",
-            "240",
+            "600",
             "--reset",
             "--json",
             str(result_file),
@@ -128,7 +128,7 @@ def test_short_chaos_soak_loses_nothing(throwaway_cluster, tmp_path):
             str(tmp_path / "logs"),
         ],
         env=cluster_env(throwaway_cluster),
-        timeout=300,
+        timeout=700,
     )
     stdout, stderr = soak.stdout, soak.stderr
     print(stdout)

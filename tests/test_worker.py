@@ -139,12 +139,9 @@ def failing_acknowledgements():
             conn.execute("DROP SEQUENCE test_ack_failures")
 
 
-@pytest.mark.parametrize(
-    "carried_by_claim, logged",
-    [(True, "database error (injected"), (False, "could not acknowledge")],
-)
+@pytest.mark.parametrize("carried_by_claim", [True, False])
 def test_failed_acknowledgements_are_sent_again_and_nothing_runs_twice(
-    failing_acknowledgements, caplog, carried_by_claim, logged
+    failing_acknowledgements, caplog, carried_by_claim
 ):
     failing_acknowledgements(3, carried_by_claim)
     messages = enqueue_many([{"payload": {}}] * 60, topic="test.record_nonatomic")
@@ -153,7 +150,9 @@ def test_failed_acknowledgements_are_sent_again_and_nothing_runs_twice(
             lambda: not Message.objects.exists(), timeout=60, message="every acknowledgement"
         )
     assert handled_ids() == {m.pk: 1 for m in messages}
-    assert logged in caplog.text
+    # Each failure logged once: by the claim that carried it, or (sent alone)
+    # by the handler thread or the main loop's timed flush, whichever sent it.
+    assert caplog.text.count("injected acknowledgement failure") == 3, caplog.text
 
 
 def test_priority_decides_the_order():
