@@ -34,6 +34,14 @@ _API = {
     "publish": "django_pgqueue.streams",
     "subscriber": "django_pgqueue.streams.subscribers",
     "SubscriptionError": "django_pgqueue.exceptions",
+    # workflows
+    "Workflow": "django_pgqueue.workflows",
+    "workflow": "django_pgqueue.workflows",
+    "chain": "django_pgqueue.workflows",
+    "group": "django_pgqueue.workflows",
+    "chord": "django_pgqueue.workflows",
+    "step": "django_pgqueue.workflows",
+    "WorkflowError": "django_pgqueue.exceptions",
 }
 
 __all__ = sorted(_API)

@@ -394,7 +394,7 @@ def _unsaved(row: Row) -> Message:
     values = (  # in _FIELDS order
         None, o.queue, o.topic, row.payload, row.headers, Status.WAITING, o.priority, o.run_at,
         0, o.max_attempts, None, "", None, o.dedup_key, o.group_key, "", "", None, None, None,
-        None,
+        None, None,
     )  # fmt: skip
     message = Message.from_db(None, _FIELDS, values)
     message._state.adding = True
@@ -407,7 +407,7 @@ _FIELDS = (
     *("id", "queue", "topic", "payload", "headers", "status", "priority", "run_at"),
     *("attempts", "max_attempts", "lease_expires_at", "locked_by", "lease_token"),
     *("dedup_key", "group_key", "last_error", "last_error_category", "first_failed_at"),
-    *("created_at", "updated_at", "cancel_requested_at"),
+    *("created_at", "updated_at", "cancel_requested_at", "workflow_step_id"),
 )
 if _FIELDS != tuple(field.attname for field in Message._meta.concrete_fields):
     raise RuntimeError("enqueuing._FIELDS must list Message's concrete fields in their order")

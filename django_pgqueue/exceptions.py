@@ -35,6 +35,10 @@ class QueueControlError(PgQueueError, ValueError):
     """A queue cannot be paused, resumed or limited, or messages cancelled, as asked."""
 
 
+class WorkflowError(PgQueueError, ValueError):
+    """The workflow cannot be built, enqueued or changed as asked; nothing was written."""
+
+
 class DuplicateHandler(PgQueueError):
     """Two handlers are registered for one topic."""
 

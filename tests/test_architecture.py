@@ -76,6 +76,8 @@ LAYERS = [
             "django_pgqueue.schedules.overview",  # what the admin and commands show
             "django_pgqueue.streams",
             "django_pgqueue.subscriptions",  # the documented path, re-exported
+            # workflows: built, written, and their steps moved with their messages
+            "django_pgqueue.workflows",
             "django_pgqueue.observability.metrics",
         ],
     ),

@@ -24,7 +24,6 @@ from .test_browser import CHROMIUM_ARGS, TIMEOUT_MS, chromium_path, sync_playwri
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
-
 def fabricate_counts(now):
     """A day of plausible traffic on two queues, as the ack batches count it."""
     rows = []

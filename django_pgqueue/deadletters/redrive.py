@@ -28,6 +28,7 @@ from django_pgqueue.enqueuing import enqueue_many
 from django_pgqueue.exceptions import DeadLetterError, InvalidMessage
 from django_pgqueue.models import UNFINISHED, DeadLetter, DeadLetterState, Message
 from django_pgqueue.validation import check_message
+from django_pgqueue.workflows import bookkeeping
 
 # The enqueue() keywords of a revived dead letter's new message.
 Fields = dict[str, Any]
@@ -125,6 +126,12 @@ class _Reviver:
                 result.done += len(inserts)
             elif inserts:
                 revived = self._insert(inserts, now, skips)
+                # A workflow step's dead letter: the step runs again as the new message.
+                bookkeeping.revived(
+                    [row.message_id for row, _ in revived],
+                    [message.pk for _, message in revived],
+                    self.using,
+                )
             for _, reason, _ in skips:
                 result.skipped[reason] += 1
         # Logged once the chunk has committed: a rolled-back chunk changed nothing.

@@ -15,6 +15,7 @@ from django_pgqueue.deadletters.result import ALREADY_RESOLVED, IS_REVIVED, Tria
 from django_pgqueue.deadletters.selection import CHUNK_SIZE, DeadLetters, id_batches, locked
 from django_pgqueue.exceptions import DeadLetterError
 from django_pgqueue.models import DeadLetter, DeadLetterState
+from django_pgqueue.workflows import bookkeeping
 
 
 def resolve(
@@ -58,6 +59,7 @@ def resolve(
             fresh_rows = DeadLetter.objects.using(using).filter(
                 pk__in=[row.pk for row in fresh], state=DeadLetterState.NEW
             )
+            ids = [row.pk for row in fresh]
             result.done += audit.noted_update(
                 fresh_rows,
                 line,
@@ -66,6 +68,8 @@ def resolve(
                 resolved_at=now_value,
                 resolved_by=actor,
             )
+            # A workflow step's dead letter given up: so is the step, and those after it.
+            bookkeeping.given_up_dead_letters(ids, using)
         for row in fresh:
             logger.info(
                 "Dead letter id=%s topic=%s resolved by %s",

@@ -37,6 +37,7 @@ from django_pgqueue.models import Message, Outcome, Status
 from django_pgqueue.paging import ids_in_chunks, slices
 from django_pgqueue.sql import history as history_sql
 from django_pgqueue.sql import timeouts as timeouts_sql
+from django_pgqueue.workflows import bookkeeping
 
 CHUNK_SIZE = 500  # messages locked and changed per transaction
 # The control channel's payload that asks the workers to stop running
@@ -124,6 +125,8 @@ def cancel_running(
             worker=worker or message.locked_by,
             using=using,
         )
+        if message.workflow_step_id is not None:
+            bookkeeping.given_up_messages([message.pk], using)
         transaction.on_commit(functools.partial(_cancelled, message, worker), using=using)
     logger.info(
         "Message id=%s topic=%s attempt=%s cancelled while running",
@@ -187,6 +190,9 @@ def _cancel_chunk(
                 pk__in=[row.pk for row in at_once], status__in=waiting
             ).update(status=Status.CANCELLED, cancel_requested_at=clock, updated_at=clock)
             history_sql.record([row.pk for row in at_once], Outcome.CANCELLED, now=now, using=using)
+            steps = [row.pk for row in at_once if row.workflow_step_id is not None]
+            if steps:  # workflow steps: given up, and those after them
+                bookkeeping.given_up_messages(steps, using)
             if any(row.group_key is not None for row in at_once):
                 # Its group goes on now, as after an acknowledgement (the
                 # trigger recorded the release; workers are woken).

@@ -18,6 +18,7 @@ from django_pgqueue.lifecycle.guards import UNDECODABLE, log_extra, log_lease_lo
 from django_pgqueue.models import DeadLetter, Message, Outcome, Status
 from django_pgqueue.sql import history as history_sql
 from django_pgqueue.sql import timeouts as timeouts_sql
+from django_pgqueue.workflows import bookkeeping
 
 # The fields a dead letter keeps of its message as they are.
 _COPIED_TO_DEAD_LETTER = "queue topic priority group_key dedup_key attempts max_attempts".split()
@@ -92,6 +93,8 @@ def dead_letter(
             worker=worker,
             using=using,
         )
+        if row.workflow_step_id is not None:
+            bookkeeping.dead_lettered([row.pk], using)  # its step waits there too
         Message.objects.using(using).filter(pk=row.pk).delete()
         transaction.on_commit(
             lambda: signals.send(

@@ -13,7 +13,9 @@ here (``django_pgqueue.models.Message``), as Django and the migrations expect.
 - ``schedules``: the periodic schedules' tick ledger and run-time state
   (``Schedule``, ``ScheduleTick``);
 - ``history``: finished messages and the per-minute outcome counts
-  (``FinishedMessage``, ``OutcomeCount``, ``Outcome``).
+  (``FinishedMessage``, ``OutcomeCount``, ``Outcome``);
+- ``workflows``: workflows, their steps and the steps' dependencies
+  (``Workflow``, ``WorkflowStep``, ``WorkflowDependency``).
 """
 
 from django_pgqueue.fields import timestamp_from_text
@@ -27,6 +29,13 @@ from django_pgqueue.models.schedules import Schedule, ScheduleTick
 from django_pgqueue.models.streams import StreamEvent, Subscription, SubscriptionState
 from django_pgqueue.models.tasks import TaskRecord, TaskStatus
 from django_pgqueue.models.workers import WorkerHeartbeat
+from django_pgqueue.models.workflows import (
+    StepState,
+    Workflow,
+    WorkflowDependency,
+    WorkflowStatus,
+    WorkflowStep,
+)
 
 __all__ = [
     "GROUP_HEAD",
@@ -45,11 +54,16 @@ __all__ = [
     "Schedule",
     "ScheduleTick",
     "Status",
+    "StepState",
     "StreamEvent",
     "Subscription",
     "SubscriptionState",
     "TaskRecord",
     "TaskStatus",
     "WorkerHeartbeat",
+    "Workflow",
+    "WorkflowDependency",
+    "WorkflowStatus",
+    "WorkflowStep",
     "timestamp_from_text",
 ]

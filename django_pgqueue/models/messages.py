@@ -91,6 +91,14 @@ class Message(models.Model):
     # run may end no other way than done or cancelled (never retried). Last,
     # so the columns before it keep their positions (migration 0015).
     cancel_requested_at = DateTimeField(null=True, blank=True)
+    # The workflow step it runs (models.workflows.WorkflowStep), if any: its
+    # acknowledgement, dead letter or cancellation moves the step too.
+    workflow_step_id = models.BigIntegerField(null=True, blank=True)
+
+    # Not a column: in a workflow step's handler, the worker sets it to the
+    # handle on the step's workflow (django_pgqueue.workflows.WorkflowRun);
+    # None for a message outside one.
+    workflow: Any = None
 
     # Not a column: set on the messages that enqueue() and enqueue_many()
     # return. True when the row was inserted, False when an unfinished

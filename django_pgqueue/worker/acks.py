@@ -13,12 +13,15 @@ import logging
 import time
 from dataclasses import dataclass
 
-from django_pgqueue import lifecycle
+from django.db import transaction
+
+from django_pgqueue import conf, lifecycle
 from django_pgqueue.db import drop_broken_connections, first_line
 from django_pgqueue.worker.job import Job
 from django_pgqueue.worker.ledger import ACK_DELAY, Ledger
 from django_pgqueue.worker.outcomes import Outcomes
 from django_pgqueue.worker.wakeup import Wakeup
+from django_pgqueue.workflows import bookkeeping
 
 logger = logging.getLogger(__package__)
 
@@ -74,8 +77,26 @@ class Acks:
         if waiting:
             self._wait_for_locked(waiting)
 
+    def carried(self, jobs: list[Job]) -> list[Job]:
+        """Of ``jobs``, those a claim may carry: a workflow step's
+        acknowledgement is sent apart first, in a transaction with its
+        step's bookkeeping (on failure all of them wait to be flushed again)."""
+        if not any(job.message.workflow_step_id is not None for job in jobs):
+            return jobs
+        steps = [job for job in jobs if job.message.workflow_step_id is not None]
+        plain = [job for job in jobs if job.message.workflow_step_id is None]
+        try:
+            self._send_steps(steps)
+        except BaseException:
+            self.put_back(plain)
+            raise
+        return plain
+
     def _send(self, jobs: list[Job]) -> None:
         """Acknowledge ``jobs``; on failure they wait to be flushed again."""
+        jobs = self.carried(jobs)
+        if not jobs:
+            return
         try:
             finished, busy = lifecycle.ack_unlocked([job.message for job in jobs])
         except BaseException:
@@ -113,3 +134,23 @@ class Acks:
                     },
                 )
         self.ledger.put_back(jobs, LOCKED_ACK_DELAY)
+
+    def _send_steps(self, jobs: list[Job]) -> None:
+        """Acknowledge workflow steps' messages and move their steps (the
+        steps after them released), in one transaction; on failure they
+        wait to be flushed again."""
+        using = conf.database_alias()
+        try:
+            with transaction.atomic(using=using):
+                finished, busy = lifecycle.ack_unlocked([job.message for job in jobs])
+                done = [job for job in jobs if job.message.id in finished]
+                if done:
+                    bookkeeping.finished(
+                        [(job.message, str(job.step_result)) for job in done], using
+                    )
+        except BaseException:
+            self.put_back(jobs)
+            raise
+        self.acknowledged(jobs, finished, busy)
+        if any(job.message.group_key is not None for job in jobs):
+            self.wakeup.release_groups()

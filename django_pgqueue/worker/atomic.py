@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -28,6 +29,7 @@ from django_pgqueue.worker.job import DONE, LOST, Job, LeaseLost
 from django_pgqueue.worker.ledger import Ledger
 from django_pgqueue.worker.outcomes import Outcomes
 from django_pgqueue.worker.pool import HandlerPool
+from django_pgqueue.workflows import bookkeeping
 
 logger = logging.getLogger(__package__)
 
@@ -141,11 +143,17 @@ class AtomicBatches:
                     batch.append(taken)
                     job = taken
                 keep = [j for j in succeeded if not j.abandoned]
+                # Workflow steps move in the acknowledgement's transaction.
+                steps = [j for j in keep if j.message.workflow_step_id is not None]
                 if keep:
                     try:
                         # No handler of the batch ran a query: the
                         # acknowledgement commits alone, in one round trip.
-                        with autocommit_if_unused(connection) as alone:
+                        with (
+                            nullcontext(False)
+                            if steps
+                            else autocommit_if_unused(connection) as alone
+                        ):
                             acked = lifecycle.ack_leased([j.message for j in keep])
                     except DatabaseError as exc:
                         if not lock_timed_out(exc):
@@ -166,6 +174,10 @@ class AtomicBatches:
                         for job in reversed(lost):
                             start, end = registered[job]
                             del connection.run_on_commit[start:end]
+                    if steps:
+                        bookkeeping.finished(
+                            [(j.message, str(j.step_result)) for j in steps], using
+                        )
         except _BatchRolledBack:
             # Rolled back: run again, alone, the jobs that still held their lease
             # (all of them when the acknowledgement did not run).

@@ -63,7 +63,8 @@ class Claimer:
             if self.wakeup.take_groups():
                 groups.promote_groups()
             return asked, 0
-        acks = self.ledger.take_unacked()
+        # (A workflow step's is sent apart: with its step's bookkeeping.)
+        acks = self.acks.carried(self.ledger.take_unacked())
         promote = self.wakeup.take_groups() or any(job.message.group_key for job in acks)
         started = time.perf_counter()
         try:

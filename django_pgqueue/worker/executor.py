@@ -29,6 +29,7 @@ from django_pgqueue.worker.ledger import Ledger
 from django_pgqueue.worker.outcomes import Outcomes
 from django_pgqueue.worker.pool import HandlerPool
 from django_pgqueue.worker.wakeup import Wakeup
+from django_pgqueue.workflows import bookkeeping
 
 logger = logging.getLogger(__package__)
 
@@ -98,11 +99,17 @@ class Executor:
                     job.run_handler()
                     if job.abandoned:
                         raise LeaseLost
-                    # A handler that ran no query: its acknowledgement commits
-                    # alone, in one round trip.
-                    with autocommit_if_unused(connection):
+                    if message.workflow_step_id is not None:
+                        # Its step moves in the acknowledgement's transaction.
                         if not _ack_waiting_for_locks(message):
                             raise LeaseLost
+                        bookkeeping.finished([(message, str(job.step_result))], connection.alias)
+                    else:
+                        # A handler that ran no query: its acknowledgement
+                        # commits alone, in one round trip.
+                        with autocommit_if_unused(connection):
+                            if not _ack_waiting_for_locks(message):
+                                raise LeaseLost
                 outcome = DONE
             else:
                 job.run_handler()

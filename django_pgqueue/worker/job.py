@@ -12,6 +12,8 @@ from django_pgqueue import lifecycle, registry, running, tracing
 from django_pgqueue.exceptions import Permanent
 from django_pgqueue.models import Message
 from django_pgqueue.registry import HandlerSpec
+from django_pgqueue.workflows.runs import WorkflowRun
+from django_pgqueue.workflows.steps import result_json
 
 logger = logging.getLogger(__package__)
 
@@ -41,6 +43,8 @@ class _MessageOfRow:
         if job is None:
             raise AttributeError("message")
         message = job.__dict__["message"] = lifecycle.message_from_row(job.row, job.database)
+        if message.workflow_step_id is not None:
+            message.workflow = WorkflowRun.of_step(message.workflow_step_id, job.database)
         return message
 
 
@@ -65,6 +69,8 @@ class Job:
     ack_busy_logged: bool = False
     # Cancellation was asked for its message (the handler's cancel_requested()).
     cancel_requested: bool = False
+    # A workflow step's handler returned: its result, as JSON text.
+    step_result: str | None = None
     # With tracing on: the CONSUMER span of its run, ended when the run ends
     # (Executor.finished), after its retry or dead letter is recorded on it.
     span: Any = None
@@ -84,16 +90,21 @@ class Job:
         try:
             tracer = tracing.tracer()
             if tracer is None:
-                return registry.call(self.spec, message)
-            if self.span is None:  # (an atomic batch that rolled back runs it again)
-                self.span = tracing.start_consumer(
-                    tracer, message.headers, message.queue, message.topic, message.pk,
-                    message.attempts,
-                )  # fmt: skip
-            with tracing.active(self.span):
-                return registry.call(self.spec, message)
+                value = registry.call(self.spec, message)
+            else:
+                if self.span is None:  # (an atomic batch that rolled back runs it again)
+                    self.span = tracing.start_consumer(
+                        tracer, message.headers, message.queue, message.topic, message.pk,
+                        message.attempts,
+                    )  # fmt: skip
+                with tracing.active(self.span):
+                    value = registry.call(self.spec, message)
         finally:
             running.current.reset(run)
+        if message.workflow_step_id is not None:
+            # Kept with the step (a value JSON cannot hold fails the run).
+            self.step_result = result_json(value)
+        return value
 
     def end_span(self, outcome: str) -> None:
         """Its run ended with ``outcome``: end its span, if it has one."""

@@ -333,3 +333,72 @@ def test_started(message):
     then sleeps payload["seconds"]: the tests read the starts while it runs."""
     record(message)
     time.sleep(message.payload.get("seconds", 0))
+
+
+# --- workflows (tests/test_workflows.py) ----------------------------------------
+
+
+@handler("wf.value", backoff_base=0.05, backoff_cap=0.1)
+def wf_value(message):
+    """Records; returns payload["value"] (fails while payload["fail_times"]
+    attempts are not over, raising payload["raise"])."""
+    failures = message.payload.get("fail_times", 0)
+    if failures and (failures < 0 or message.attempts <= failures):
+        raise FAILURES[message.payload.get("raise", "Permanent")]()
+    record(message)
+    return message.payload.get("value")
+
+
+@handler("wf.value_nonatomic", atomic=False)
+def wf_value_nonatomic(message):
+    record(message)
+    return message.payload.get("value")
+
+
+@handler("wf.sum")
+def wf_sum(message):
+    """Records; returns the sum of the results of the steps it follows (and
+    payload["add"]), with what it saw."""
+    record(message)
+    results = message.workflow.results()
+    return {
+        "sum": sum(_number(v) for v in results.values()) + message.payload.get("add", 0),
+        "saw": sorted(results),
+    }
+
+
+def _number(value):
+    return value["sum"] if isinstance(value, dict) else (value or 0)
+
+
+@handler("wf.split", backoff_base=0.05, backoff_cap=0.1)
+def wf_split(message):
+    """Adds payload["parts"] steps (wf.value, value i) and a wf.sum join after
+    them to its own workflow; payload["fail"]: then raises (nothing added)."""
+    record(message)
+    wf = message.workflow
+    parts = [
+        wf.add("wf.value", {"value": i}, name=f"part-{i}")
+        for i in range(message.payload.get("parts", 3))
+    ]
+    wf.add("wf.sum", {}, name="join", after=parts)
+    if message.payload.get("fail") and message.attempts == 1:
+        raise ConnectionError("split failed after adding")
+    return len(parts)
+
+
+@handler("wf.unserialisable")
+def wf_unserialisable(message):
+    return object()
+
+
+@handler("wf.sleep")
+def wf_sleep(message):
+    """Records, then sleeps payload["seconds"] or until its cancellation is asked."""
+    from django_pgqueue import cancel_requested
+
+    record(message)
+    end = time.monotonic() + message.payload.get("seconds", 1)
+    while time.monotonic() < end and not cancel_requested():
+        time.sleep(0.02)
+    return message.payload.get("value")

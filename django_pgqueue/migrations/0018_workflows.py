@@ -1,0 +1,460 @@
+"""Workflows: steps that wait for other steps (models.workflows).
+
+A message may run a workflow step (``Message.workflow_step_id``). The
+functions below move steps in the transaction that moves their message:
+its acknowledgement, dead letter, revival or cancellation. Each locks the
+workflows concerned first, in id order: the bookkeeping of one workflow is
+serialized (a fan-in's counter is never decremented by two transactions
+from the same value), and two bookkeepers never deadlock. A held step is not
+in the queue table; its release inserts its message (an id drawn from the
+table's own sequence, so that the step and its message name each other in
+one statement).
+
+Frozen text, as a migration must be.
+"""
+
+import django.core.serializers.json
+import django.db.models.deletion
+import django.db.models.functions.datetime
+from django.db import migrations, models
+
+
+CREATE = """
+CREATE FUNCTION pgqueue_workflow_lock(step_ids bigint[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM django_pgqueue_workflow
+    WHERE id IN (SELECT workflow_id FROM django_pgqueue_workflowstep WHERE id = ANY(step_ids))
+    ORDER BY id FOR UPDATE;
+END;
+$$;
+
+CREATE FUNCTION pgqueue_workflow_status(
+    status text, unfinished integer, active integer, dead integer, failed integer
+) RETURNS text LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE
+        WHEN status = 'cancelled' THEN 'cancelled'
+        WHEN unfinished = 0 THEN CASE WHEN failed > 0 THEN 'failed' ELSE 'done' END
+        WHEN active = 0 AND dead > 0 THEN 'blocked'
+        ELSE 'running'
+    END
+$$;
+
+-- Add to the counts of workflow wf and settle its status (and finished_at).
+CREATE FUNCTION pgqueue_workflow_count(
+    wf bigint, total integer, unfinished integer, active integer, dead integer, failed integer
+) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE django_pgqueue_workflow AS w SET
+        steps_total = w.steps_total + total,
+        steps_unfinished = w.steps_unfinished + unfinished,
+        steps_active = w.steps_active + active,
+        steps_dead = w.steps_dead + dead,
+        steps_failed = w.steps_failed + failed,
+        status = pgqueue_workflow_status(
+            w.status, w.steps_unfinished + unfinished, w.steps_active + active,
+            w.steps_dead + dead, w.steps_failed + failed),
+        finished_at = CASE WHEN w.steps_unfinished + unfinished = 0
+                           THEN coalesce(w.finished_at, now()) END
+    WHERE w.id = wf;
+END;
+$$;
+
+-- Release the held steps among candidates that wait for nothing: insert
+-- their messages. Returns how many were released.
+CREATE FUNCTION pgqueue_workflow_release(candidates bigint[]) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    ids regclass := pg_get_serial_sequence('django_pgqueue_message', 'id');
+    per_workflow record;
+    total integer := 0;
+BEGIN
+    IF candidates IS NULL OR cardinality(candidates) = 0 THEN
+        RETURN 0;
+    END IF;
+    FOR per_workflow IN
+        WITH ready AS (
+            UPDATE django_pgqueue_workflowstep AS s
+            SET state = 'released', message_id = nextval(ids)
+            WHERE s.id = ANY(candidates) AND s.state = 'held' AND s.waiting_for = 0
+            RETURNING s.*
+        ), inserted AS (
+            INSERT INTO django_pgqueue_message (
+                id, queue, topic, payload, headers, priority, run_at, max_attempts,
+                group_key, workflow_step_id)
+            SELECT r.message_id, r.queue, r.topic, r.payload, r.headers, r.priority,
+                coalesce(r.run_at, now() + make_interval(secs => r.delay_seconds)),
+                r.max_attempts, r.group_key, r.id
+            FROM ready AS r ORDER BY r.id
+            RETURNING 1
+        )
+        SELECT r.workflow_id AS wf, count(*)::integer AS n FROM ready AS r GROUP BY r.workflow_id
+    LOOP
+        PERFORM pgqueue_workflow_count(per_workflow.wf, 0, 0, per_workflow.n, 0, 0);
+        total := total + per_workflow.n;
+    END LOOP;
+    RETURN total;
+END;
+$$;
+
+-- One less to wait for, for each step after the ended steps ended_ids;
+-- returns the steps that waited and are held (those the caller may release
+-- or cancel), with whether each runs after a failed step.
+CREATE FUNCTION pgqueue_workflow_followers(ended_ids bigint[])
+RETURNS TABLE (step_id bigint, allow_failed boolean) LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY
+    WITH per_step AS (
+        SELECT d.step_id AS id, count(*)::integer AS n
+        FROM django_pgqueue_workflowdependency AS d
+        WHERE d.after_id = ANY(ended_ids)
+        GROUP BY d.step_id
+    )
+    UPDATE django_pgqueue_workflowstep AS t SET waiting_for = t.waiting_for - c.n
+    FROM per_step AS c
+    WHERE t.id = c.id
+    RETURNING t.id, t.allow_failed;
+END;
+$$;
+
+-- Steps done (their messages acknowledged in this transaction), with their
+-- results: the steps after them that wait for nothing more are released.
+-- Returns how many were released.
+CREATE FUNCTION pgqueue_workflow_steps_done(step_ids bigint[], results jsonb[]) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    done_ids bigint[];
+    per_workflow record;
+    released integer;
+BEGIN
+    PERFORM pgqueue_workflow_lock(step_ids);
+    WITH done AS (
+        UPDATE django_pgqueue_workflowstep AS s
+        SET state = 'done', result = v.result, finished_at = now()
+        FROM unnest(step_ids, results) AS v(id, result)
+        WHERE s.id = v.id AND s.state = 'released'
+        RETURNING s.id
+    )
+    SELECT array_agg(id) INTO done_ids FROM done;
+    IF done_ids IS NULL THEN
+        RETURN 0;
+    END IF;
+    released := pgqueue_workflow_release(
+        ARRAY(SELECT f.step_id FROM pgqueue_workflow_followers(done_ids) AS f));
+    FOR per_workflow IN
+        SELECT workflow_id AS wf, count(*)::integer AS n FROM django_pgqueue_workflowstep
+        WHERE id = ANY(done_ids) GROUP BY workflow_id
+    LOOP
+        PERFORM pgqueue_workflow_count(per_workflow.wf, 0, -per_workflow.n, -per_workflow.n, 0, 0);
+    END LOOP;
+    RETURN released;
+END;
+$$;
+
+-- The steps of messages message_ids moved to the dead letters: they wait
+-- there, and so do the steps after them.
+CREATE FUNCTION pgqueue_workflow_steps_dead(message_ids bigint[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    step_ids bigint[] := ARRAY(
+        SELECT id FROM django_pgqueue_workflowstep WHERE message_id = ANY(message_ids));
+    per_workflow record;
+BEGIN
+    PERFORM pgqueue_workflow_lock(step_ids);
+    FOR per_workflow IN
+        WITH dead AS (
+            UPDATE django_pgqueue_workflowstep SET state = 'dead_lettered'
+            WHERE id = ANY(step_ids) AND state = 'released'
+            RETURNING workflow_id
+        )
+        SELECT workflow_id AS wf, count(*)::integer AS n FROM dead GROUP BY workflow_id
+    LOOP
+        PERFORM pgqueue_workflow_count(per_workflow.wf, 0, 0, -per_workflow.n, per_workflow.n, 0);
+    END LOOP;
+END;
+$$;
+
+-- Dead-lettered steps revived: their message old_ids[i] runs again as the
+-- message new_ids[i] (which is marked as the step's).
+CREATE FUNCTION pgqueue_workflow_steps_revived(old_ids bigint[], new_ids bigint[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    step_ids bigint[] := ARRAY(
+        SELECT id FROM django_pgqueue_workflowstep WHERE message_id = ANY(old_ids));
+    per_workflow record;
+BEGIN
+    PERFORM pgqueue_workflow_lock(step_ids);
+    FOR per_workflow IN
+        WITH revived AS (
+            UPDATE django_pgqueue_workflowstep AS s
+            SET state = 'released', message_id = v.new_id
+            FROM unnest(old_ids, new_ids) AS v(old_id, new_id)
+            WHERE s.id = ANY(step_ids) AND s.message_id = v.old_id AND s.state = 'dead_lettered'
+            RETURNING s.id, s.workflow_id, v.new_id
+        ), marked AS (
+            UPDATE django_pgqueue_message AS m SET workflow_step_id = r.id
+            FROM revived AS r WHERE m.id = r.new_id
+            RETURNING 1
+        )
+        SELECT workflow_id AS wf, count(*)::integer AS n FROM revived GROUP BY workflow_id
+    LOOP
+        PERFORM pgqueue_workflow_count(per_workflow.wf, 0, 0, per_workflow.n, -per_workflow.n, 0);
+    END LOOP;
+END;
+$$;
+
+-- Steps given up: step_ids (held, released or dead-lettered) are cancelled,
+-- and so, transitively, is every step after them, except those that
+-- allow_failed: those run once nothing else holds them. Returns the ids of
+-- the released steps' messages among step_ids (the caller cancels them).
+CREATE FUNCTION pgqueue_workflow_steps_given_up(step_ids bigint[]) RETURNS bigint[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    frontier bigint[] := step_ids;
+    cancelled bigint[];
+    tolerant bigint[];
+    running bigint[];
+    per_workflow record;
+BEGIN
+    PERFORM pgqueue_workflow_lock(step_ids);
+    running := ARRAY(
+        SELECT message_id FROM django_pgqueue_workflowstep
+        WHERE id = ANY(step_ids) AND state = 'released');
+    WHILE cardinality(frontier) > 0 LOOP
+        -- Cancel the frontier's steps that have not ended...
+        cancelled := '{}';
+        FOR per_workflow IN
+            WITH ended AS (
+                UPDATE django_pgqueue_workflowstep AS s SET state = 'cancelled', finished_at = now()
+                FROM django_pgqueue_workflowstep AS before
+                WHERE s.id = ANY(frontier) AND before.id = s.id
+                  AND s.state IN ('held', 'released', 'dead_lettered')
+                RETURNING s.id, s.workflow_id, before.state AS was
+            )
+            SELECT workflow_id AS wf, array_agg(id) AS ids, count(*)::integer AS n,
+                count(*) FILTER (WHERE was = 'released')::integer AS active,
+                count(*) FILTER (WHERE was = 'dead_lettered')::integer AS dead
+            FROM ended GROUP BY workflow_id
+        LOOP
+            PERFORM pgqueue_workflow_count(
+                per_workflow.wf, 0, -per_workflow.n, -per_workflow.active, -per_workflow.dead,
+                per_workflow.n);
+            cancelled := cancelled || per_workflow.ids;
+        END LOOP;
+        -- ... then the held steps after them: cancelled in turn, or (allow_failed)
+        -- released once they wait for nothing more.
+        SELECT
+            coalesce(array_agg(f.step_id) FILTER (WHERE f.allow_failed), '{}'),
+            coalesce(array_agg(f.step_id) FILTER (WHERE NOT f.allow_failed), '{}')
+        INTO tolerant, frontier
+        FROM pgqueue_workflow_followers(cancelled) AS f
+        JOIN django_pgqueue_workflowstep AS s ON s.id = f.step_id AND s.state = 'held';
+        PERFORM pgqueue_workflow_release(tolerant);
+    END LOOP;
+    RETURN running;
+END;
+$$;
+"""
+
+DROP = """
+DROP FUNCTION pgqueue_workflow_steps_given_up(bigint[]);
+DROP FUNCTION pgqueue_workflow_steps_revived(bigint[], bigint[]);
+DROP FUNCTION pgqueue_workflow_steps_dead(bigint[]);
+DROP FUNCTION pgqueue_workflow_steps_done(bigint[], jsonb[]);
+DROP FUNCTION pgqueue_workflow_followers(bigint[]);
+DROP FUNCTION pgqueue_workflow_release(bigint[]);
+DROP FUNCTION pgqueue_workflow_count(bigint, integer, integer, integer, integer, integer);
+DROP FUNCTION pgqueue_workflow_status(text, integer, integer, integer, integer);
+DROP FUNCTION pgqueue_workflow_lock(bigint[]);
+"""
+
+
+class Migration(migrations.Migration):
+    dependencies = [
+        ("django_pgqueue", "0017_processing_lease_finite"),
+    ]
+
+    operations = [
+        migrations.AddField(
+            model_name="message",
+            name="workflow_step_id",
+            field=models.BigIntegerField(blank=True, null=True),
+        ),
+        migrations.CreateModel(
+            name="Workflow",
+            fields=[
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("name", models.CharField(blank=True, db_default="", max_length=200)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("running", "Running"),
+                            ("blocked", "Blocked"),
+                            ("done", "Done"),
+                            ("failed", "Failed"),
+                            ("cancelled", "Cancelled"),
+                        ],
+                        db_default="running",
+                        max_length=16,
+                    ),
+                ),
+                ("steps_total", models.IntegerField(db_default=0)),
+                ("steps_unfinished", models.IntegerField(db_default=0)),
+                ("steps_active", models.IntegerField(db_default=0)),
+                ("steps_dead", models.IntegerField(db_default=0)),
+                ("steps_failed", models.IntegerField(db_default=0)),
+                (
+                    "created_at",
+                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
+                ),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+            ],
+            options={
+                "permissions": [
+                    ("cancel_workflow", "Can cancel workflows"),
+                    ("revive_workflow", "Can revive the dead-lettered steps of workflows"),
+                ],
+                "indexes": [
+                    models.Index(fields=["status", "-created_at"], name="pgqueue_wf_status_idx"),
+                    models.Index(
+                        condition=models.Q(("finished_at__isnull", False)),
+                        fields=["finished_at"],
+                        name="pgqueue_wf_finished_idx",
+                    ),
+                ],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            ("status__in", ["running", "blocked", "done", "failed", "cancelled"])
+                        ),
+                        name="pgqueue_wf_status_valid",
+                    )
+                ],
+            },
+        ),
+        migrations.CreateModel(
+            name="WorkflowStep",
+            fields=[
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("name", models.CharField(max_length=200)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("held", "Held"),
+                            ("released", "Released"),
+                            ("done", "Done"),
+                            ("dead_lettered", "Dead-lettered"),
+                            ("cancelled", "Cancelled"),
+                        ],
+                        db_default="held",
+                        max_length=16,
+                    ),
+                ),
+                ("waiting_for", models.IntegerField(db_default=0)),
+                ("allow_failed", models.BooleanField(db_default=False)),
+                ("queue", models.CharField(max_length=100)),
+                ("topic", models.CharField(max_length=200)),
+                (
+                    "payload",
+                    models.JSONField(encoder=django.core.serializers.json.DjangoJSONEncoder),
+                ),
+                (
+                    "headers",
+                    models.JSONField(
+                        blank=True,
+                        db_default={},
+                        encoder=django.core.serializers.json.DjangoJSONEncoder,
+                    ),
+                ),
+                ("priority", models.SmallIntegerField(db_default=0)),
+                ("run_at", models.DateTimeField(blank=True, null=True)),
+                ("delay_seconds", models.FloatField(db_default=0.0)),
+                ("max_attempts", models.IntegerField(blank=True, null=True)),
+                ("group_key", models.CharField(blank=True, max_length=255, null=True)),
+                ("message_id", models.BigIntegerField(blank=True, null=True)),
+                (
+                    "result",
+                    models.JSONField(
+                        blank=True,
+                        encoder=django.core.serializers.json.DjangoJSONEncoder,
+                        null=True,
+                    ),
+                ),
+                (
+                    "created_at",
+                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
+                ),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "workflow",
+                    models.ForeignKey(
+                        db_constraint=False,
+                        on_delete=django.db.models.deletion.DO_NOTHING,
+                        related_name="steps",
+                        to="django_pgqueue.workflow",
+                    ),
+                ),
+            ],
+        ),
+        migrations.CreateModel(
+            name="WorkflowDependency",
+            fields=[
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                (
+                    "after",
+                    models.ForeignKey(
+                        db_constraint=False,
+                        on_delete=django.db.models.deletion.DO_NOTHING,
+                        related_name="+",
+                        to="django_pgqueue.workflowstep",
+                    ),
+                ),
+                (
+                    "step",
+                    models.ForeignKey(
+                        db_constraint=False,
+                        db_index=False,
+                        on_delete=django.db.models.deletion.DO_NOTHING,
+                        related_name="+",
+                        to="django_pgqueue.workflowstep",
+                    ),
+                ),
+            ],
+        ),
+        migrations.AddIndex(
+            model_name="workflowstep",
+            index=models.Index(
+                condition=models.Q(("message_id__isnull", False)),
+                fields=["message_id"],
+                name="pgqueue_wfstep_message_idx",
+            ),
+        ),
+        migrations.AddConstraint(
+            model_name="workflowstep",
+            constraint=models.UniqueConstraint(
+                fields=("workflow", "name"), name="pgqueue_wfstep_name_uniq"
+            ),
+        ),
+        migrations.AddConstraint(
+            model_name="workflowstep",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("state__in", ["held", "released", "done", "dead_lettered", "cancelled"])
+                ),
+                name="pgqueue_wfstep_state_valid",
+            ),
+        ),
+        migrations.AddConstraint(
+            model_name="workflowstep",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("waiting_for__gte", 0)), name="pgqueue_wfstep_waiting_for_gte_0"
+            ),
+        ),
+        migrations.AddConstraint(
+            model_name="workflowdependency",
+            constraint=models.UniqueConstraint(fields=("step", "after"), name="pgqueue_wfdep_uniq"),
+        ),
+        migrations.RunSQL(CREATE, reverse_sql=DROP),
+    ]

@@ -1,0 +1,76 @@
+"""Workflows: the steps' INSERT, and the calls of the functions that move
+steps with their messages (migration 0018: each locks the workflows it
+changes first, in id order, and settles their status with their counts)."""
+
+from __future__ import annotations
+
+# The steps of one enqueue (or of a handler's message.workflow.add) in one
+# statement, whatever their number: one JSON array of arrays (see
+# storing.step_document for the order), and the edges as [step, after]
+# name pairs, resolved against the new steps and, for a handler's additions,
+# the workflow's existing ones.
+INSERT_STEPS_SQL = """
+WITH input AS (
+    SELECT r, n FROM jsonb_array_elements(%(steps)s::jsonb) WITH ORDINALITY AS i(r, n)
+), inserted AS (
+    INSERT INTO django_pgqueue_workflowstep (
+        workflow_id, name, state, waiting_for, allow_failed, queue, topic, payload, headers,
+        priority, run_at, delay_seconds, max_attempts, group_key, created_at)
+    SELECT %(workflow)s, r->>0, 'held', (r->>1)::integer, (r->>2)::boolean, r->>3, r->>4, r->5,
+        r->6, (r->>7)::smallint, (r->>8)::timestamptz, (r->>9)::float8, (r->>10)::integer,
+        r->>11, now()
+    FROM input ORDER BY n
+    RETURNING id, name, waiting_for
+), edges AS (
+    INSERT INTO django_pgqueue_workflowdependency (step_id, after_id)
+    SELECT s.id, coalesce(a.id, old.id)
+    FROM jsonb_array_elements(%(edges)s::jsonb) AS e
+    JOIN inserted AS s ON s.name = e->>0
+    LEFT JOIN inserted AS a ON a.name = e->>1
+    LEFT JOIN django_pgqueue_workflowstep AS old
+        ON a.id IS NULL AND old.workflow_id = %(workflow)s AND old.name = e->>1
+    RETURNING 1
+)
+SELECT coalesce(array_agg(id) FILTER (WHERE waiting_for = 0), '{}'),
+    count(*), (SELECT count(*) FROM edges)
+FROM inserted
+"""
+
+INSERT_WORKFLOW_SQL = """
+INSERT INTO django_pgqueue_workflow (
+    name, status, steps_total, steps_unfinished, steps_active, steps_dead, steps_failed,
+    created_at)
+VALUES (%s, 'running', 0, 0, 0, 0, 0, now())
+RETURNING id
+"""
+
+COUNT_SQL = "SELECT pgqueue_workflow_count(%s, %s, %s, 0, 0, 0)"
+RELEASE_SQL = "SELECT pgqueue_workflow_release(%s::bigint[])"
+DONE_SQL = "SELECT pgqueue_workflow_steps_done(%s::bigint[], %s::jsonb[])"
+DEAD_SQL = "SELECT pgqueue_workflow_steps_dead(%s::bigint[])"
+REVIVED_SQL = "SELECT pgqueue_workflow_steps_revived(%s::bigint[], %s::bigint[])"
+GIVEN_UP_SQL = "SELECT pgqueue_workflow_steps_given_up(%s::bigint[])"
+
+# A workflow's cancel: its row locked (and marked), then every step that has
+# not ended given up; returns the messages of those that were in the queue.
+CANCEL_SQL = """
+WITH marked AS (
+    UPDATE django_pgqueue_workflow SET status = 'cancelled', finished_at = CASE
+        WHEN steps_unfinished = 0 THEN coalesce(finished_at, now()) END
+    WHERE id = %s AND status NOT IN ('done', 'failed', 'cancelled')
+    RETURNING id
+)
+SELECT id FROM marked
+"""
+UNFINISHED_STEPS_SQL = """
+SELECT id FROM django_pgqueue_workflowstep
+WHERE workflow_id = %s AND state IN ('held', 'released', 'dead_lettered')
+ORDER BY id
+"""
+# The steps waiting in the dead letters dead_letter_ids, given up.
+GIVEN_UP_DEAD_LETTERS_SQL = """
+SELECT pgqueue_workflow_steps_given_up(ARRAY(
+    SELECT s.id FROM django_pgqueue_workflowstep AS s
+    JOIN django_pgqueue_deadletter AS d ON d.message_id = s.message_id
+    WHERE d.id = ANY(%s::bigint[]) AND s.state = 'dead_lettered'))
+"""
