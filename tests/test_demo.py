@@ -9,7 +9,10 @@ from demo.models import Handled
 from django.core.management import CommandError, call_command
 from django.test import override_settings
 
-from django_pgqueue.models import DeadLetter, Message
+from django_pgqueue.models import DeadLetter, Message, Workflow, WorkflowStep
+
+MIX_TOPICS = ["demo.welcome_email", "demo.charge_card", "demo.import_row", "demo.reserve_stock"]
+WORKFLOW_TOPICS = ["demo.import_fetch", "demo.import_part", "demo.import_report"]
 
 
 # The worker's handler threads use connections of their own: they must see
@@ -21,7 +24,9 @@ def test_demo_works_off_its_messages():
     out = io.StringIO()
     call_command("pgqueue_demo", "--count", "2", stdout=out)
 
-    handled = Counter(Handled.objects.exclude(topic="demo.clock").values_list("topic", flat=True))
+    # The mix, apart from the workflow's steps and the schedule's ticks.
+    mix = Handled.objects.filter(topic__in=MIX_TOPICS)
+    handled = Counter(mix.values_list("topic", flat=True))
     assert handled == {
         "demo.welcome_email": 16,
         "demo.charge_card": 6,
@@ -29,7 +34,8 @@ def test_demo_works_off_its_messages():
         "demo.reserve_stock": 6,
     }
     # Each message was handled once; charge_card's only after failed attempts.
-    assert Handled.objects.exclude(topic="demo.clock").values("message_id").distinct().count() == 34
+    assert mix.count() == 34
+    assert mix.values("message_id").distinct().count() == 34
     retried = Handled.objects.filter(attempt__gt=1)
     assert set(retried.values_list("topic", flat=True)) == {"demo.charge_card"}
     assert retried.count() == 6
@@ -51,6 +57,21 @@ def test_demo_works_off_its_messages():
     assert "Dead letters:  6 (business: 2, dependency: 2, permanent: 2)" in report
     assert "Still queued:  0" in report
     assert "http://127.0.0.1:8000/admin/" in report
+
+    # The workflow: fetch, 3 parts after it, a report after them, each once,
+    # in that order; the report added up the parts' results.
+    workflow = Workflow.objects.get(name="demo.import")
+    assert (workflow.status, workflow.steps_total, workflow.steps_done) == ("done", 5, 5)
+    steps = list(
+        Handled.objects.filter(topic__in=WORKFLOW_TOPICS)
+        .order_by("pk")
+        .values_list("topic", flat=True)
+    )
+    assert steps == ["demo.import_fetch"] + ["demo.import_part"] * 3 + ["demo.import_report"]
+    assert "fetch: done, part-1: done, part-2: done, part-3: done, report: done" in report
+    report_step = WorkflowStep.objects.get(workflow=workflow, name="report")
+    assert report_step.result == {"parts": 3, "rows": 30}
+    assert f"status: done; the report's result: {report_step.result}" in report
 
     # The periodic schedule: for 3.5 s, every second, one message per tick, handled once.
     ticks = Handled.objects.filter(topic="demo.clock")

@@ -402,3 +402,29 @@ def wf_sleep(message):
     while time.monotonic() < end and not cancel_requested():
         time.sleep(0.02)
     return message.payload.get("value")
+
+
+# --- demo workflow (pgqueue_demo's "demo.import": fetch -> 3 parts -> report) ----
+
+
+@handler("demo.import_fetch")
+def import_fetch(message):
+    """The demo workflow's first step: "fetches" payload["file"]; its result
+    (kept for the steps after it) says how many rows each part has."""
+    record(message)
+    return {"file": message.payload["file"], "rows_per_part": 10}
+
+
+@handler("demo.import_part")
+def import_part(message):
+    """One part, after the fetch: reads the fetch's result, returns its rows."""
+    record(message)
+    return message.workflow.result("fetch")["rows_per_part"]
+
+
+@handler("demo.import_report")
+def import_report(message):
+    """After every part: adds up their results."""
+    record(message)
+    parts = message.workflow.results()
+    return {"parts": len(parts), "rows": sum(parts.values())}

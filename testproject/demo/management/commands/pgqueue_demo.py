@@ -1,7 +1,8 @@
 """manage.py pgqueue_demo: enqueue a mix of demo messages, work them off with an
 in-process worker in burst mode, and print what happened (the quick start that
-./rundemo runs); then run a periodic schedule for a few seconds and show its
-ticks. The handlers are the demo.* topics of demo/handlers.py."""
+./rundemo runs); then run a small workflow (steps that wait for other steps,
+passing their results along) and a periodic schedule for a few seconds, and
+show them. The handlers are the demo.* topics of demo/handlers.py."""
 
 import argparse
 import logging
@@ -13,7 +14,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db.models.functions import Now
 
 from demo.models import Handled
-from django_pgqueue import enqueue_many
+from django_pgqueue import Workflow, enqueue_many
 from django_pgqueue.models import DeadLetter, Message, Schedule, ScheduleTick, Status
 from django_pgqueue.schedules.spec import parse
 from django_pgqueue.worker import Worker
@@ -28,6 +29,10 @@ SHOWN_DEAD_LETTERS = 5
 SCHEDULE_NAME = "demo.clock"
 SCHEDULE = {"every": 1, "topic": "demo.clock", "queue": QUEUE}
 SCHEDULE_SECONDS = 3.5  # how long the scheduling worker runs
+# The workflow the demo shows: a fetch, then its parts side by side, then a
+# report once every part is done.
+WORKFLOW_NAME = "demo.import"
+WORKFLOW_PARTS = 3
 
 
 def count_value(text):
@@ -99,6 +104,7 @@ class Command(BaseCommand):
             self._work_off(ids, started + TIME_LIMIT)
             self.stdout.write(f"Done in {time.monotonic() - started:.1f}s.\n\n")
             self._report(ids)
+            self._workflow()
             self._schedule()
         finally:
             logger.setLevel(level)
@@ -158,6 +164,33 @@ class Command(BaseCommand):
         still = ", ".join(f"{status}: {n}" for status, n in sorted(left.items()))
         write(f"Still queued:  {sum(left.values())}" + (f" ({still})" if still else ""))
 
+    def _workflow(self):
+        """One workflow: each step a message, held until the steps it follows
+        are done, then handled by a burst worker like any other; the report
+        step reads the parts' results."""
+        write = self.stdout.write
+        wf = Workflow(name=WORKFLOW_NAME)
+        fetch = wf.add("demo.import_fetch", {"file": 42}, name="fetch", queue=QUEUE)
+        parts = [
+            wf.add("demo.import_part", {"part": i}, name=f"part-{i}", after=[fetch], queue=QUEUE)
+            for i in range(1, WORKFLOW_PARTS + 1)
+        ]
+        wf.add("demo.import_report", {"file": 42}, name="report", after=parts, queue=QUEUE)
+        run = wf.enqueue()
+        write(
+            f"\nA workflow ({WORKFLOW_NAME!r}, id {run.pk}): "
+            f"fetch -> {WORKFLOW_PARTS} parts side by side -> report"
+        )
+        Worker(queues=[QUEUE], concurrency=4, burst=True, shutdown_timeout=5, schedules=False).run()
+        write("  " + ", ".join(f"{name}: {state}" for name, state in run.steps().items()))
+        status = run.status()
+        shown = f"; the report's result: {run.result('report')}" if status == "done" else ""
+        write(f"  status: {status}{shown}")
+        write(
+            "Each step is a message; a step is released in the transaction that acknowledges\n"
+            "the last step it follows (the admin's Workflows page draws its graph)."
+        )
+
     def _schedule(self):
         """A worker runs the schedule for a few seconds: one message per tick,
         each naming its schedule and tick, handled like any message."""
@@ -175,9 +208,7 @@ class Command(BaseCommand):
             timer.cancel()
         # A tick enqueued as the worker stopped is handled too, by a burst
         # worker without the scheduler: every tick shown is handled.
-        Worker(
-            queues=[QUEUE], concurrency=2, burst=True, shutdown_timeout=5, schedules=False
-        ).run()
+        Worker(queues=[QUEUE], concurrency=2, burst=True, shutdown_timeout=5, schedules=False).run()
         ticks = list(ScheduleTick.objects.filter(schedule=SCHEDULE_NAME).order_by("tick"))
         handled = Handled.objects.filter(message_id__in=[t.message_id for t in ticks])
         handled_ids = set(handled.values_list("message_id", flat=True))
