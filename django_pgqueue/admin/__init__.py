@@ -15,6 +15,8 @@ the actions call the operations (``lifecycle``, ``deadletters``,
   (its charts drawn by ``charts``);
 - ``streams``: subscriptions and stored stream events;
 - ``schedules``: the periodic schedules (pause, resume, reset, run now);
+- ``workflows``: workflows, each with the graph of its steps
+  (``workflow_graph``); cancel, revive the dead-lettered steps;
 - ``common`` and ``forms``: what those share.
 """
 
@@ -26,6 +28,16 @@ from django_pgqueue.admin import (
     schedules,
     streams,
     workers,
+    workflows,
 )
 
-__all__ = ["deadletters", "history", "messages", "queues", "schedules", "streams", "workers"]
+__all__ = [
+    "deadletters",
+    "history",
+    "messages",
+    "queues",
+    "schedules",
+    "streams",
+    "workers",
+    "workflows",
+]
