@@ -146,3 +146,11 @@ def test_instructions():
         timeout=1500,
     )
     assert re.search(r"enqueue-bulk +[\d,]+$", out, re.M), out
+
+
+def test_workflows():
+    url, _ = bench_url("_wf")
+    out = run("workflows", "--steps", "200", "--rounds", "1", "--database-url", url)
+    assert re.search(r"workflow: steps/s +[\d,]+ ", out), out
+    assert re.search(r"ratio workflow/plain +[\d.]+ ", out), out
+    assert re.search(r"^target: .*: (met|MISSED)$", out, re.M), out

@@ -61,4 +61,9 @@ SCENARIOS: dict[str, Scenario] = {
         "benchmarks.scenarios.instructions",
         "CPU instructions per message (valgrind) of a worker, enqueue() and enqueue_many()",
     ),
+    "workflows": Scenario(
+        "benchmarks.scenarios.workflows",
+        "a fan-out/fan-in workflow of 10,000 steps: enqueue seconds, drain steps/s beside"
+        " plain messages in turn",
+    ),
 }

@@ -404,6 +404,27 @@ def wf_sleep(message):
     return message.payload.get("value")
 
 
+# --- workflows under kill -9 (tests/test_workflow_chaos.py) -------------------------
+
+
+@handler("wf.chaos_part")
+def wf_chaos_part(message):
+    """Records (with its acknowledgement: exactly once), after holding its
+    thread payload["sleep"] seconds, so that a kill finds parts in flight;
+    returns payload["value"]."""
+    time.sleep(message.payload.get("sleep", 0))
+    record(message)
+    return message.payload.get("value")
+
+
+@handler("wf.chaos_join")
+def wf_chaos_join(message):
+    """Records; returns how many results of the steps it follows it saw (all
+    of them: it is released only once every one is done)."""
+    record(message)
+    return len(message.workflow.results())
+
+
 # --- demo workflow (pgqueue_demo's "demo.import": fetch -> 3 parts -> report) ----
 
 
