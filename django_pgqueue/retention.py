@@ -12,7 +12,10 @@ The kinds and their settings:
 - ``task_results``: Django Tasks results (TaskRecord) that finished
   (successful or failed) more than KEEP_TASK_RESULTS ago (None: kept);
 - ``workers``: worker rows DEAD_WORKER_RETENTION after their last
-  heartbeat.
+  heartbeat;
+- ``workflows``: finished workflows (done, failed, cancelled) older than
+  KEEP_FINISHED, the history's retention, with their steps (and results)
+  and the steps' dependencies.
 
 ``delete_batch`` deletes at most ``limit`` rows of a kind in one statement
 (``DELETE ... WHERE id IN (SELECT id ... LIMIT n)``, the oldest first when
@@ -40,7 +43,9 @@ from django_pgqueue.models import (
     TaskRecord,
     TaskStatus,
     WorkerHeartbeat,
+    Workflow,
 )
+from django_pgqueue.workflows import storing as workflows_storing
 
 # At most this many rows per DELETE.
 BATCH_SIZE = 10_000
@@ -92,6 +97,11 @@ def workers(clock: Clock) -> QuerySet[WorkerHeartbeat] | None:
     return WorkerHeartbeat.objects.filter(expires_at__lt=clock - DEAD_WORKER_RETENTION).order_by()
 
 
+def workflows(clock: Clock) -> QuerySet[Workflow] | None:
+    keep = _seconds("KEEP_FINISHED") or datetime.timedelta(0)
+    return Workflow.objects.filter(finished_at__lt=clock - keep).order_by("finished_at")
+
+
 # The kinds, in the order a round prunes them (and pgqueue_prune prints them).
 KINDS: dict[str, Callable[[Clock], QuerySet[Any] | None]] = {
     "history": history,
@@ -99,6 +109,7 @@ KINDS: dict[str, Callable[[Clock], QuerySet[Any] | None]] = {
     "dead_letters": dead_letters,
     "task_results": task_results,
     "workers": workers,
+    "workflows": workflows,
 }
 
 
@@ -122,5 +133,9 @@ def delete_batch(kind: str, now: datetime.datetime | None, using: str, limit: in
     if rows is None:
         return 0
     model = rows.model
+    if model is Workflow:
+        # With their steps and the steps' dependencies (no cascade in the
+        # database: see models.workflows).
+        return workflows_storing.delete(list(rows.values_list("pk", flat=True)[:limit]), using)
     deleted, _ = model.objects.using(using).filter(pk__in=rows.values("pk")[:limit]).delete()
     return deleted

@@ -129,11 +129,26 @@ def test_a_worker_counts_its_reconnects(start_worker):
     )  # fmt: skip
     port = worker_port(worker, "metrics")
     wait_until(lambda: lifecycle_rows(), timeout=60, message="the worker's heartbeat")
+    names = [f"pgqueue_worker#{worker.pid}", f"pgqueue_listener#{worker.pid}"]
+
+    def backends():
+        with connections["default"].cursor() as cursor:
+            cursor.execute(
+                "SELECT count(DISTINCT application_name) FROM pg_stat_activity "
+                "WHERE application_name IN (%s, %s)",
+                names,
+            )
+            return cursor.fetchone()[0] == 2
+
+    # The heartbeat is up before the listener may have connected: terminate
+    # both once both are there (a listener not yet connected has nothing to
+    # reconnect).
+    wait_until(backends, message="the worker's and its listener's connections")
     with connections["default"].cursor() as cursor:
         cursor.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
             "WHERE application_name IN (%s, %s)",
-            [f"pgqueue_worker#{worker.pid}", f"pgqueue_listener#{worker.pid}"],
+            names,
         )
     wait_until(
         lambda: value(

@@ -309,6 +309,7 @@ def test_an_empty_database_shows_the_default_queue_with_zeros():
         "workers": [],
         "subscriptions": declared_not_started(),
         "schedules": [],
+        "workflows": {"running": 0, "blocked": 0, "done": 0, "failed": 0, "cancelled": 0},
         "thresholds": [],
         "ok": True,
     }

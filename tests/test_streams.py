@@ -860,9 +860,18 @@ def test_poll_only_workers_deliver_once_and_in_order_behind_pgbouncer(
         message="every event to be delivered through PgBouncer",
     )
     assert delivered() == positions
+    # Both up (the other may have delivered everything while this one was
+    # still starting: a SIGTERM then would find no handler installed yet).
+    from django_pgqueue.models import WorkerHeartbeat
+
+    pids = [worker.pid for worker in workers]
+    wait_until(
+        lambda: WorkerHeartbeat.objects.filter(pid__in=pids).count() == len(pids),
+        message="both workers' heartbeats",
+    )
     for worker in workers:
         worker.signal(signal.SIGTERM)
-        assert worker.wait(timeout=30) == 0, worker.log()
+        assert worker.wait(timeout=60) == 0, worker.log()
         assert "Traceback" not in worker.log(), worker.log()
 
 

@@ -294,7 +294,7 @@ def test_cancel_cancels_every_unfinished_step():
     assert run.steps() == {"first": "cancelled", "second": "cancelled"}
     assert Message.objects.get().status == "cancelled"
     again = run.cancel()
-    assert (again.cancelled, again.finished) == (0, 1)
+    assert again.as_dict() == {"cancelled": 0, "requested": 0, "already": 0, "finished": 0}
 
 
 def test_cancelling_a_steps_message_counts_as_a_failure():
@@ -371,3 +371,121 @@ def test_steps_states_are_stored_with_their_messages():
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM django_pgqueue_workflowstep WHERE result IS NULL")
         assert cursor.fetchone()[0] == 0
+
+
+# --- Django tasks as steps (django.tasks: Django 6) -------------------------------
+
+
+def test_a_task_is_a_step_and_its_return_value_its_result():
+    pytest.importorskip("django.tasks")
+    from demo.tasks import add, total_of_results
+
+    from django_pgqueue.models import TaskRecord
+
+    wf = Workflow(name="tasks")
+    first = wf.add_task(add, 2, 3, name="add")
+    second = wf.add("wf.value", {"value": 10}, name="ten")
+    wf.add_task(total_of_results, name="total", after=[first, second], extra=1)
+    with pytest.raises(WorkflowError, match="Django task"):
+        wf.add_task(lambda: None)
+    run = wf.enqueue()
+    assert TaskRecord.objects.count() == 2  # written with the workflow
+    assert first.task_result.id == str(TaskRecord.objects.get(task_path=add.module_path).pk)
+    with running_worker(**WORKER):
+        wait_until(lambda: finished(run), message="the workflow finished")
+    assert run.status() == "done"
+    assert (run.result("add"), run.result("total")) == (5, 16)
+    assert add.get_result(first.task_result.id).return_value == 5
+
+
+# --- watched: status, metrics; pruned with the history ------------------------------
+
+
+def test_status_counts_workflows_by_status():
+    import io
+    import json
+
+    from django.core.management import call_command
+
+    fan().enqueue()
+    other = Workflow()
+    other.add("wf.value", delay=3600)
+    other.enqueue().cancel()
+    out = io.StringIO()
+    call_command("pgqueue_status", "--json", stdout=out)
+    assert json.loads(out.getvalue())["workflows"] == {
+        "running": 1,
+        "blocked": 0,
+        "done": 0,
+        "failed": 0,
+        "cancelled": 1,
+    }
+    out = io.StringIO()
+    call_command("pgqueue_status", stdout=out)
+    assert "Workflows\nrunning 1, blocked 0, done 0, failed 0, cancelled 1" in out.getvalue()
+
+
+def test_metrics_count_steps_released_and_workflows_finished():
+    from django_pgqueue.observability import metrics
+    from django_pgqueue.observability.scrape import render_database_metrics
+
+    reporter = metrics.WorkerMetrics()
+    run = fan(parts=4, topic="wf.value_nonatomic").enqueue()
+    with running_worker(**WORKER, metrics=reporter):
+        wait_until(lambda: finished(run), message="the workflow finished")
+    value = reporter.registry.get_sample_value
+    assert value("pgqueue_worker_workflow_steps_released_total") == 5  # 4 parts, the report
+    assert value("pgqueue_worker_workflows_finished_total", {"outcome": "done"}) == 1
+    scraped = render_database_metrics()[0].decode()
+    assert 'pgqueue_workflows{status="done"} 1.0' in scraped
+    assert 'pgqueue_workflows{status="running"} 0.0' in scraped
+
+
+def test_finished_workflows_are_pruned_with_their_steps_by_the_history_retention():
+    import datetime
+
+    from django.utils import timezone
+
+    from django_pgqueue import maintenance
+
+    done = fan(parts=2).enqueue()
+    kept = fan(parts=2).enqueue()
+    with running_worker(**WORKER):
+        wait_until(lambda: finished(done) and finished(kept), message="both finished")
+    old = timezone.now() - datetime.timedelta(days=2)
+    StoredWorkflow.objects.filter(pk=done.pk).update(finished_at=old)
+    running = fan(parts=2).enqueue()  # unfinished: never pruned
+    result = maintenance.prune()
+    assert result.counts["workflows"] == 1
+    assert set(StoredWorkflow.objects.values_list("pk", flat=True)) == {kept.pk, running.pk}
+    assert not WorkflowStep.objects.filter(workflow_id=done.pk).exists()
+    assert WorkflowDependency.objects.count() == 2 * 4  # the two left, 4 edges each
+
+
+def test_cancelling_a_blocked_workflow_resolves_its_dead_letters():
+    from django_pgqueue.models import DeadLetterState
+
+    run = blocked_workflow()
+    with running_worker(**WORKER):
+        wait_until(lambda: run.status() == "blocked", message="blocked")
+    result = run.cancel(by="ops")
+    assert result.cancelled == 4  # the dead-lettered step and the three held
+    dead = DeadLetter.objects.get()
+    assert dead.state == DeadLetterState.RESOLVED and "workflow" in dead.notes
+    assert run.status() == "cancelled"
+    assert revive(DeadLetter.objects.all()).done == 0  # nothing left to resume
+
+
+def test_names_given_in_a_composition_are_kept_or_refused():
+    with pytest.raises(WorkflowError, match="two steps are named 'x'"):
+        chain(step("wf.value", name="x"), group(step("wf.value", name="x"), step("wf.value")))
+    twice = chain(group(step("wf.value"), step("wf.value")), group(step("wf.value")))
+    assert len(twice.steps) == 3
+
+
+def test_a_handler_knows_its_step_name():
+    wf = Workflow()
+    wf.add("wf.value", {"value": 1}, name="only")
+    wf.enqueue()
+    message = Message.objects.get()
+    assert WorkflowRun.of_step(message.workflow_step_id).step_name == "only"

@@ -119,14 +119,16 @@ $$;
 
 -- Steps done (their messages acknowledged in this transaction), with their
 -- results: the steps after them that wait for nothing more are released.
--- Returns how many were released.
-CREATE FUNCTION pgqueue_workflow_steps_done(step_ids bigint[], results jsonb[]) RETURNS integer
-LANGUAGE plpgsql AS $$
+-- Returns how many were released, and the status of each workflow that
+-- this finished (its last steps were among them).
+CREATE FUNCTION pgqueue_workflow_steps_done(
+    step_ids bigint[], results jsonb[], OUT released integer, OUT finished text[]
+) LANGUAGE plpgsql AS $$
 DECLARE
     done_ids bigint[];
     per_workflow record;
-    released integer;
 BEGIN
+    finished := '{}';
     PERFORM pgqueue_workflow_lock(step_ids);
     WITH done AS (
         UPDATE django_pgqueue_workflowstep AS s
@@ -137,7 +139,8 @@ BEGIN
     )
     SELECT array_agg(id) INTO done_ids FROM done;
     IF done_ids IS NULL THEN
-        RETURN 0;
+        released := 0;
+        RETURN;
     END IF;
     released := pgqueue_workflow_release(
         ARRAY(SELECT f.step_id FROM pgqueue_workflow_followers(done_ids) AS f));
@@ -147,7 +150,10 @@ BEGIN
     LOOP
         PERFORM pgqueue_workflow_count(per_workflow.wf, 0, -per_workflow.n, -per_workflow.n, 0, 0);
     END LOOP;
-    RETURN released;
+    finished := ARRAY(
+        SELECT status FROM django_pgqueue_workflow
+        WHERE steps_unfinished = 0
+          AND id IN (SELECT workflow_id FROM django_pgqueue_workflowstep WHERE id = ANY(done_ids)));
 END;
 $$;
 

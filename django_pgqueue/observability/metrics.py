@@ -81,6 +81,8 @@ class Reporter(Protocol):
 
     def pruned(self, counts: dict[str, int]) -> None: ...
 
+    def workflows(self, released: int, finished: list[str]) -> None: ...
+
 
 class WorkerMetrics:
     """One worker process's counters and histograms, in a registry of its own
@@ -141,9 +143,22 @@ class WorkerMetrics:
         self.pruned_rows = prometheus.Counter(
             "pgqueue_worker_pruned_rows",
             "Rows that this worker's maintenance deleted past their retention, by kind "
-            "(history, counts, dead_letters, task_results, workers). Each prune runs in one "
-            "worker at a time: the sum over the workers is the total.",
+            "(history, counts, dead_letters, task_results, workers, workflows). Each prune "
+            "runs in one worker at a time: the sum over the workers is the total.",
             ["kind"],
+            registry=self.registry,
+        )
+        self.workflow_steps_released = prometheus.Counter(
+            "pgqueue_worker_workflow_steps_released",
+            "Workflow steps that this worker's acknowledgements released (put in the queue "
+            "once every step they follow had ended).",
+            registry=self.registry,
+        )
+        self.workflows_finished = prometheus.Counter(
+            "pgqueue_worker_workflows_finished",
+            "Workflows that this worker's acknowledgements finished (their last steps), by "
+            "outcome (done, failed, cancelled).",
+            ["outcome"],
             registry=self.registry,
         )
 
@@ -188,6 +203,12 @@ class WorkerMetrics:
         for kind, count in counts.items():
             self.pruned_rows.labels(kind).inc(count)
 
+    def workflows(self, released: int, finished: list[str]) -> None:
+        if released:
+            self.workflow_steps_released.inc(released)
+        for outcome in finished:
+            self.workflows_finished.labels(outcome).inc()
+
 
 class NullMetrics:
     """What a worker reports to when no --metrics-port was asked for."""
@@ -211,4 +232,7 @@ class NullMetrics:
         pass
 
     def pruned(self, counts: dict[str, int]) -> None:
+        pass
+
+    def workflows(self, released: int, finished: list[str]) -> None:
         pass

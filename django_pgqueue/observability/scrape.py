@@ -63,6 +63,7 @@ class DatabaseCollector:
             paused = set(controls.paused_queues())
             subscriptions = stats.subscriptions_with_lag()  # streams
             history = outcomes.history_summary()
+            workflows = stats.workflows_by_status()
         except DatabaseError as exc:
             logger.warning("Metrics: the queue database cannot be read: %s", exc)
             yield _up(0)
@@ -108,6 +109,13 @@ class DatabaseCollector:
             "once the table is large.",
             [],
             [(history["rows"],)],
+        )
+        yield _gauge(
+            "pgqueue_workflows",
+            "Workflows by status (running, blocked, done, failed, cancelled); finished ones "
+            "count until retention prunes them.",
+            ["status"],
+            list(workflows.items()),
         )
         oldest = history["oldest_age_seconds"]
         yield _gauge(

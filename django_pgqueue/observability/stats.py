@@ -25,6 +25,8 @@ from django_pgqueue.models import (
     Status,
     Subscription,
     WorkerHeartbeat,
+    Workflow,
+    WorkflowStatus,
 )
 from django_pgqueue.streams import subscribers
 from django_pgqueue.streams.subscribers import SubscriberSpec
@@ -195,3 +197,15 @@ def subscriptions_with_lag() -> list[Any]:
         .annotate(now=Now())
         .order_by("name")
     )
+
+
+def workflows_by_status() -> dict[str, int]:
+    """{status: how many workflows}, every status present (0 when none);
+    finished ones count until retention prunes them."""
+    counts = dict(
+        Workflow.objects.using(conf.database_alias())
+        .values("status")
+        .annotate(n=Count("id"))
+        .values_list("status", "n")
+    )
+    return {status: counts.get(status, 0) for status in WorkflowStatus.values}

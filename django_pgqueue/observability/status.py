@@ -79,6 +79,8 @@ def report(selected: list[str] | None) -> dict[str, Any]:
         "schedules": [row.as_json() for row in overview.rows()],
         # Finished messages kept (KEEP_FINISHED): how many, how old.
         "history": outcomes.history_summary(now),
+        # Workflows by status (finished ones until they are pruned).
+        "workflows": stats.workflows_by_status(),
     }
 
 

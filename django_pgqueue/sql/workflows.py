@@ -46,7 +46,7 @@ RETURNING id
 
 COUNT_SQL = "SELECT pgqueue_workflow_count(%s, %s, %s, 0, 0, 0)"
 RELEASE_SQL = "SELECT pgqueue_workflow_release(%s::bigint[])"
-DONE_SQL = "SELECT pgqueue_workflow_steps_done(%s::bigint[], %s::jsonb[])"
+DONE_SQL = "SELECT released, finished FROM pgqueue_workflow_steps_done(%s::bigint[], %s::jsonb[])"
 DEAD_SQL = "SELECT pgqueue_workflow_steps_dead(%s::bigint[])"
 REVIVED_SQL = "SELECT pgqueue_workflow_steps_revived(%s::bigint[], %s::bigint[])"
 GIVEN_UP_SQL = "SELECT pgqueue_workflow_steps_given_up(%s::bigint[])"
@@ -73,4 +73,26 @@ SELECT pgqueue_workflow_steps_given_up(ARRAY(
     SELECT s.id FROM django_pgqueue_workflowstep AS s
     JOIN django_pgqueue_deadletter AS d ON d.message_id = s.message_id
     WHERE d.id = ANY(%s::bigint[]) AND s.state = 'dead_lettered'))
+"""
+
+# Finished workflows past their retention, with their steps and edges.
+DELETE_SQL = """
+WITH gone AS (
+    DELETE FROM django_pgqueue_workflow WHERE id = ANY(%s::bigint[]) RETURNING id
+), steps AS (
+    DELETE FROM django_pgqueue_workflowstep WHERE workflow_id IN (SELECT id FROM gone)
+    RETURNING id
+), edges AS (
+    DELETE FROM django_pgqueue_workflowdependency WHERE step_id IN (SELECT id FROM steps)
+    RETURNING 1
+)
+SELECT count(*) FROM gone
+"""
+
+# The dead letters that the dead-lettered steps among step_ids wait in.
+DEAD_LETTERS_OF_STEPS_SQL = """
+SELECT d.id FROM django_pgqueue_deadletter AS d
+JOIN django_pgqueue_workflowstep AS s ON s.message_id = d.message_id
+WHERE s.id = ANY(%s::bigint[]) AND s.state = 'dead_lettered' AND d.state = 'new'
+ORDER BY d.id
 """

@@ -7,7 +7,7 @@ import dataclasses
 import datetime
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from django.apps import apps
@@ -161,6 +161,17 @@ class PgQueueBackend(BaseTaskBackend):
         task_result, message, now = self._prepare(task, args, kwargs, headers)
         return task_result, _insert(task_result, message, conf.database_alias(), now)
 
+    def workflow_step(
+        self, task: Task, args: list[Any], kwargs: dict[str, Any]
+    ) -> tuple[TaskResult, dict[str, Any], Callable[[str], None]]:
+        """A workflow's task step (``Workflow.add_task``): the task's
+        result, the enqueue() keywords of its message, and the writer of its
+        task record, which the workflow calls in its own transaction (the
+        message is written when the step is released; until then the
+        result reads READY)."""
+        task_result, message, now = self._prepare(task, args, kwargs, {})
+        return task_result, message, lambda using: _record(task_result, using, now, None)
+
     def _prepare(
         self, task: Task, args: list[Any], kwargs: dict[str, Any], headers: dict[str, Any]
     ) -> tuple[TaskResult, dict[str, Any], datetime.datetime]:
@@ -230,23 +241,30 @@ def _insert(
 ) -> Message:
     """The task's message and record, in one transaction on the queue's database
     (a savepoint of the caller's, when it is open there); returns the message."""
-    task = task_result.task
     with transaction.atomic(using=using):
         inserted = enqueuing.enqueue(**message, using=using)
-        TaskRecord.objects.using(using).create(
-            id=task_result.id,
-            task_path=task.module_path,
-            backend=task_result.backend,
-            queue_name=task.queue_name,
-            priority=task.priority,
-            run_after=task.run_after,
-            args=task_result.args,
-            kwargs=task_result.kwargs,
-            enqueued_at=enqueued_at,
-            message_id=inserted.pk,
-        )
-        transaction.on_commit(lambda: _send_enqueued(task_result), using=using)
+        _record(task_result, using, enqueued_at, inserted.pk)
     return inserted
+
+
+def _record(
+    task_result: TaskResult, using: str, enqueued_at: datetime.datetime, message_id: int | None
+) -> None:
+    """The task's record, in the transaction of its message (or workflow)."""
+    task = task_result.task
+    TaskRecord.objects.using(using).create(
+        id=task_result.id,
+        task_path=task.module_path,
+        backend=task_result.backend,
+        queue_name=task.queue_name,
+        priority=task.priority,
+        run_after=task.run_after,
+        args=task_result.args,
+        kwargs=task_result.kwargs,
+        enqueued_at=enqueued_at,
+        message_id=message_id,
+    )
+    transaction.on_commit(lambda: _send_enqueued(task_result), using=using)
 
 
 def _send_enqueued(task_result: TaskResult) -> None:

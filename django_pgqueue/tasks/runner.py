@@ -27,8 +27,18 @@ from django_pgqueue.tasks.options import TASK_TOPIC
 from django_pgqueue.tasks.results import load_task, task_result
 
 
+# (django-stubs declares TaskContext without its frozen=True.)
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class WorkflowTaskContext(TaskContext):  # type: ignore[misc]
+    """A task step's context (``takes_context=True``): Django's, with the
+    step's workflow (``message.workflow`` of a handler): ``results()``,
+    ``result(name)``, ``add(...)``."""
+
+    workflow: Any
+
+
 @registry.handler(TASK_TOPIC, atomic=True)
-def run_task(message: Message) -> None:
+def run_task(message: Message) -> Any:
     """Run the task of ``message``; its result is written in the handler's
     transaction, with the acknowledgement. A failure is raised to the
     worker (the failure policy decides), after the task's own ``backoff``,
@@ -60,7 +70,12 @@ def run_task(message: Message) -> None:
     task_started.send(sender=backend_class, task_result=attempt)
     try:
         if task.takes_context:
-            value = task.call(TaskContext(task_result=attempt), *args, **kwargs)
+            context = (
+                TaskContext(task_result=attempt)
+                if message.workflow is None
+                else WorkflowTaskContext(task_result=attempt, workflow=message.workflow)
+            )
+            value = task.call(context, *args, **kwargs)
         else:
             value = task.call(*args, **kwargs)
         value = normalize_json(value)
@@ -85,6 +100,7 @@ def run_task(message: Message) -> None:
     transaction.on_commit(
         lambda: task_finished.send(sender=backend_class, task_result=attempt), using=using
     )
+    return value  # a workflow step's result
 
 
 def _raise_with_backoff(

@@ -144,13 +144,13 @@ class Acks:
             with transaction.atomic(using=using):
                 finished, busy = lifecycle.ack_unlocked([job.message for job in jobs])
                 done = [job for job in jobs if job.message.id in finished]
-                if done:
-                    bookkeeping.finished(
-                        [(job.message, str(job.step_result)) for job in done], using
-                    )
+                moved = bookkeeping.finished(
+                    [(job.message, str(job.step_result)) for job in done], using
+                )
         except BaseException:
             self.put_back(jobs)
             raise
+        self.outcomes.metrics.workflows(moved.released, moved.finished)
         self.acknowledged(jobs, finished, busy)
         if any(job.message.group_key is not None for job in jobs):
             self.wakeup.release_groups()

@@ -175,9 +175,10 @@ class AtomicBatches:
                             start, end = registered[job]
                             del connection.run_on_commit[start:end]
                     if steps:
-                        bookkeeping.finished(
+                        moved = bookkeeping.finished(
                             [(j.message, str(j.step_result)) for j in steps], using
                         )
+                        self.outcomes.metrics.workflows(moved.released, moved.finished)
         except _BatchRolledBack:
             # Rolled back: run again, alone, the jobs that still held their lease
             # (all of them when the acknowledgement did not run).

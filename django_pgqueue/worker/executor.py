@@ -103,7 +103,10 @@ class Executor:
                         # Its step moves in the acknowledgement's transaction.
                         if not _ack_waiting_for_locks(message):
                             raise LeaseLost
-                        bookkeeping.finished([(message, str(job.step_result))], connection.alias)
+                        moved = bookkeeping.finished(
+                            [(message, str(job.step_result))], connection.alias
+                        )
+                        self.metrics.workflows(moved.released, moved.finished)
                     else:
                         # A handler that ran no query: its acknowledgement
                         # commits alone, in one round trip.

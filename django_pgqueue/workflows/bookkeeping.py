@@ -8,6 +8,7 @@ message that runs no step never comes here (its callers check
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from django.db import connections
@@ -18,28 +19,40 @@ if TYPE_CHECKING:
     from django_pgqueue.models import Message
 
 
-def finished(messages: Sequence[tuple[Message, str]], using: str) -> int:
+@dataclass
+class Moved:
+    """What finishing steps did: steps released, and the status of each
+    workflow it finished (done, failed, cancelled)."""
+
+    released: int = 0
+    finished: list[str] = field(default_factory=list)
+
+
+def finished(messages: Sequence[tuple[Message, str]], using: str) -> Moved:
     """The steps of ``messages`` (each with its handler's result as JSON
     text, ``result_json``) are
     done: write the steps their handlers added, then move them (their
-    followers released). Inside the transaction of their acknowledgement.
-    Returns how many steps were released."""
+    followers released). Inside the transaction of their acknowledgement."""
     from django_pgqueue.workflows.storing import insert_steps
 
     ids, results = [], []
-    released = 0
+    moved = Moved()
+    if not messages:
+        return moved
     with connections[using].cursor() as cursor:
         for message, value in messages:
             run = message.__dict__.get("workflow")  # the handle, if the handler used it
             if run is not None and run.added:
-                released += insert_steps(
-                    cursor, run.pk, run.added, run.added_graph(), ending=run._current()
+                moved.released += insert_steps(
+                    cursor, run.pk, run.added, run.added_graph(), ending=run.step_name
                 )
             ids.append(message.workflow_step_id)
             results.append(value)
         cursor.execute(workflows_sql.DONE_SQL, [ids, results])
-        released += int(cursor.fetchone()[0])
-    return released
+        released, workflows = cursor.fetchone()
+    moved.released += released
+    moved.finished += workflows
+    return moved
 
 
 def dead_lettered(message_ids: Sequence[int], using: str) -> None:

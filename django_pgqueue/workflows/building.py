@@ -15,7 +15,7 @@ from django_pgqueue.exceptions import WorkflowError
 from django_pgqueue.models.workflows import NAME_MAX_LENGTH
 from django_pgqueue.workflows import storing
 from django_pgqueue.workflows.runs import WorkflowRun
-from django_pgqueue.workflows.steps import Step, after_list, find_cycle, make_step
+from django_pgqueue.workflows.steps import Step, find_cycle, make_step
 
 
 class Workflow:
@@ -57,7 +57,7 @@ class Workflow:
         built = make_step(
             topic, payload, name=name, after=after, allow_failed=allow_failed, **options
         )
-        return self.attach(built)
+        return self._attach(built)
 
     def add_task(
         self,
@@ -71,21 +71,35 @@ class Workflow:
         """Add a Django task (``django.tasks``, on django-pgqueue's backend)
         as a step, called with ``args`` and ``kwargs``; its result is the
         task's return value."""
-        from django_pgqueue.workflows.tasks import task_step
+        # Duck-typed: this layer does not import the Tasks backend (a duty,
+        # above it); its workflow_step() checks the task as enqueue() would.
+        backend = task.get_backend() if callable(getattr(task, "get_backend", None)) else None
+        workflow_step = getattr(backend, "workflow_step", None)
+        if workflow_step is None:
+            raise WorkflowError(
+                f"add_task() takes a Django task (@task) of a django_pgqueue.tasks.PgQueueBackend "
+                f"backend, not {task!r}"
+            )
+        task_result, message, write_record = workflow_step(task, list(args), kwargs)
+        fields = dict(message)
+        built = make_step(
+            fields.pop("topic"),
+            fields.pop("payload"),
+            name=name,
+            after=after,
+            allow_failed=allow_failed,
+            **fields,
+        )
+        built.task_result, built.write_record = task_result, write_record
+        return self._attach(built)
 
-        built = task_step(task, args, kwargs, name=name)
-        built.after = after_list(after)
-        if not isinstance(allow_failed, bool):
-            raise WorkflowError(f"allow_failed must be True or False, not {allow_failed!r}")
-        built.allow_failed = allow_failed
-        return self.attach(built)
-
-    def attach(self, built: Step) -> Step:
+    def _attach(self, built: Step) -> Step:
         """Make ``built`` a step of this workflow (named, if it was not)."""
         if built.workflow is not None and built.workflow is not self:
             raise WorkflowError(f"{built!r} is a step of another workflow already")
         if built.name is None:
             built.name = self._generated_name(built.topic)
+            built.generated_name = True
         elif built.name in self.steps:
             raise WorkflowError(f"this workflow has a step named {built.name!r} already")
         for item in built.after:
@@ -124,16 +138,15 @@ class Workflow:
             raise WorkflowError("a workflow needs at least one step")
         graph: dict[str, list[str]] = {}
         for name, built in self.steps.items():
-            names = []
+            names: dict[str, None] = {}  # in order, each once (a join may follow thousands)
             for item in built.after:
-                other = item.name if isinstance(item, Step) else item
+                other = str(item.name) if isinstance(item, Step) else item
                 if other not in self.steps:
                     raise WorkflowError(
                         f"step {name!r} follows {other!r}, which is not a step of this workflow"
                     )
-                if other not in names:
-                    names.append(other)
-            graph[name] = names
+                names[other] = None
+            graph[name] = list(names)
         cycle = find_cycle(graph)
         if cycle:
             raise WorkflowError("the steps wait for each other in a cycle: " + " -> ".join(cycle))
@@ -185,9 +198,10 @@ def group(*parts: Part, name: str = "") -> Workflow:
 def chord(header: Part | Sequence[Part], body: Part, name: str = "") -> Workflow:
     """``body`` after every part of ``header`` (Celery's ``chord``); the
     header is a group, or a list of parts to run side by side."""
-    if isinstance(header, list | tuple):
-        header = group(*header)
-    return chain(header, body, name=name)
+    first = group(*header) if isinstance(header, list | tuple) else header
+    if not isinstance(first, Step | Workflow):
+        raise WorkflowError(f"chord() takes a group or a list of steps first, not {header!r}")
+    return chain(first, body, name=name)
 
 
 def _compose(parts: Sequence[Part], name: str, sequential: bool) -> Workflow:
@@ -213,7 +227,7 @@ def _merge(into: Workflow, part: Part) -> tuple[list[Step], list[Step]]:
         if part.workflow is not None:
             raise WorkflowError(f"{part!r} is a step of a workflow already")
         copy = _copy(part, [])
-        into.attach(copy)
+        into._attach(copy)
         return [copy], [copy]
     if not isinstance(part, Workflow):
         raise WorkflowError(
@@ -225,12 +239,17 @@ def _merge(into: Workflow, part: Part) -> tuple[list[Step], list[Step]]:
     renamed: dict[str, Step] = {}
     for original in part.steps.values():
         copy = _copy(original, [])
-        copy.name = original.name if original.name not in into.steps else None
-        into.attach(copy)
+        if original.name in into.steps:
+            if not original.generated_name:
+                raise WorkflowError(
+                    f"two steps are named {original.name!r}: names are unique in a workflow"
+                )
+            copy.name = None  # a generated name: generated again here
+        into._attach(copy)
         renamed[str(original.name)] = copy
     for original in part.steps.values():
         renamed[str(original.name)].after = [
-            renamed[item.name if isinstance(item, Step) else item] for item in original.after
+            renamed[str(item.name) if isinstance(item, Step) else item] for item in original.after
         ]
     return [renamed[n] for n in renamed if n in entries], [
         renamed[n] for n in renamed if n in exits
@@ -243,5 +262,7 @@ def _copy(original: Step, after: list[Step | str]) -> Step:
         name=original.name,
         after=after,
         allow_failed=original.allow_failed,
-        task_result_id=original.task_result_id,
+        task_result=original.task_result,
+        write_record=original.write_record,
+        generated_name=original.generated_name,
     )

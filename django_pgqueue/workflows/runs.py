@@ -17,9 +17,6 @@ from django_pgqueue.models.workflows import StepState, Workflow, WorkflowDepende
 from django_pgqueue.sql import workflows as workflows_sql
 from django_pgqueue.workflows.steps import Step, after_list, find_cycle, make_step
 
-# How steps() names a released step: its message's status.
-_RELEASED_AS = {Status.PROCESSING: "processing"}
-
 
 class WorkflowRun:
     """A handle on a stored workflow. ``pk`` is None until the workflow is
@@ -32,6 +29,8 @@ class WorkflowRun:
         # (written with its acknowledgement: worker's bookkeeping.finish).
         self.step_id = step_id
         self.added: list[Step] = []
+        self._taken: set[str | None] = set()  # the names of the added steps
+        self._names: dict[str, str] | None = None  # the stored steps' names and states
         self._step_name: str | None = None
 
     @classmethod
@@ -65,12 +64,16 @@ class WorkflowRun:
         return hash(("WorkflowRun", self.pk))
 
     def _stored(self) -> Workflow:
-        if self.pk is None:
-            raise WorkflowError("the workflow is written at the caller's commit; it has no id yet")
-        found = Workflow.objects.using(self.using).filter(pk=self.pk).first()
+        found = Workflow.objects.using(self.using).filter(pk=self._id()).first()
         if found is None:
             raise WorkflowError(f"no workflow with id {self.pk} (finished ones are pruned)")
         return found
+
+    def _id(self) -> int:
+        pk = self.pk
+        if pk is None:
+            raise WorkflowError("the workflow is written at the caller's commit; it has no id yet")
+        return pk
 
     @property
     def name(self) -> str:
@@ -83,23 +86,30 @@ class WorkflowRun:
     def steps(self) -> dict[str, str]:
         """{step name: state}: "held", "waiting" (ready or delayed),
         "processing", "done", "dead_lettered" or "cancelled"."""
-        self._stored()
-        rows = WorkflowStep.objects.using(self.using).filter(workflow_id=self.pk).order_by("id")
-        states = dict(rows.values_list("name", "state"))
-        released = dict(rows.filter(state=StepState.RELEASED).values_list("message_id", "name"))
-        statuses = dict(
+        pk = self._stored().pk
+        rows = WorkflowStep.objects.using(self.using).filter(workflow_id=pk).order_by("id")
+        states: dict[str, str] = dict(rows.values_list("name", "state"))
+        released: dict[int, str] = {
+            message_id: name
+            for message_id, name in rows.filter(state=StepState.RELEASED).values_list(
+                "message_id", "name"
+            )
+            if message_id is not None
+        }
+        processing = set(
             Message.objects.using(self.using)
-            .filter(pk__in=list(released))
-            .values_list("pk", "status")
+            .filter(pk__in=list(released), status=Status.PROCESSING)
+            .values_list("pk", flat=True)
         )
         for message_id, name in released.items():
-            states[name] = _RELEASED_AS.get(statuses.get(message_id), "waiting")
+            states[name] = "processing" if message_id in processing else "waiting"
         return states
 
     def cancel(self, *, by: str = "") -> CancelResult:
         """Cancel every step that has not ended: held and dead-lettered ones
         at once, those in the queue as ``cancel()`` does (running ones are
         told). Returns the counts, as cancel() does."""
+        from django_pgqueue.deadletters.resolution import resolve
         from django_pgqueue.lifecycle.cancel import cancel
 
         self._stored()
@@ -107,12 +117,17 @@ class WorkflowRun:
         with transaction.atomic(using=self.using), connections[self.using].cursor() as cursor:
             cursor.execute(workflows_sql.CANCEL_SQL, [self.pk])
             if cursor.fetchone() is None:
-                result.finished = 1  # ended already: nothing to cancel
-                return result
+                return result  # ended already: nothing to cancel (all counts 0)
             cursor.execute(workflows_sql.UNFINISHED_STEPS_SQL, [self.pk])
             step_ids = [row[0] for row in cursor.fetchall()]
+            cursor.execute(workflows_sql.DEAD_LETTERS_OF_STEPS_SQL, [step_ids])
+            dead_letters = [row[0] for row in cursor.fetchall()]
             cursor.execute(workflows_sql.GIVEN_UP_SQL, [step_ids])
             in_queue = cursor.fetchone()[0] or []
+            if dead_letters:
+                # Their steps have ended: the dead letters are closed with
+                # them (a revive would run a step of no workflow any more).
+                resolve(dead_letters, note=f"workflow {self.pk} cancelled", by=by)
         result.cancelled = len(step_ids) - len(in_queue)
         if in_queue:
             # Their steps have ended as cancelled; now their messages.
@@ -125,7 +140,9 @@ class WorkflowRun:
 
     # Inside a step's handler.
 
-    def _current(self) -> str:
+    @property
+    def step_name(self) -> str:
+        """In a step's handler: the name of its step (for ``after=``)."""
         if self.step_id is None:
             raise WorkflowError("only a step's handler has a step of its own (message.workflow)")
         if self._step_name is None:
@@ -154,7 +171,7 @@ class WorkflowRun:
         self._stored()
         found = (
             WorkflowStep.objects.using(self.using)
-            .filter(workflow_id=self.pk, name=name)
+            .filter(workflow_id=self._id(), name=name)
             .values_list("state", "result")
             .first()
         )
@@ -178,18 +195,14 @@ class WorkflowRun:
         """From a step's handler: add a step to this workflow, written with
         the handler's acknowledgement (rolled back with it). ``after`` may
         name the steps added so far, this step, or steps that are done."""
-        current = self._current()
+        current = self.step_name
         built = make_step(
             topic, payload, name=name, after=after_list(after), allow_failed=allow_failed, **options
         )
-        taken = {s.name for s in self.added}
+        taken = self._taken
         if built.name is None:
             built.name = self._generated_name(built.topic, taken)
-        existing = dict(
-            WorkflowStep.objects.using(self.using)
-            .filter(workflow_id=self.pk, name__in=[built.name, *self._after_names(built)])
-            .values_list("name", "state")
-        )
+        existing = self._existing()
         if built.name in taken or built.name in existing:
             raise WorkflowError(f"workflow {self.pk} has a step named {built.name!r} already")
         for other in self._after_names(built):
@@ -206,14 +219,26 @@ class WorkflowRun:
                     f"step {built.name!r} may follow steps added here, this step, or done "
                     f"ones; {other!r} is {state}"
                 )
+        taken.add(built.name)
         self.added.append(built)
         return built
+
+    def _existing(self) -> dict[str, str]:
+        """{name: state} of the workflow's stored steps, read once per
+        handle (a handler adding thousands of steps checks each in memory)."""
+        if self._names is None:
+            self._names = dict(
+                WorkflowStep.objects.using(self.using)
+                .filter(workflow_id=self._id())
+                .values_list("name", "state")
+            )
+        return self._names
 
     def _after_names(self, built: Step) -> list[str]:
         return [str(item.name) if isinstance(item, Step) else item for item in built.after]
 
     def _generated_name(self, topic: str, taken: set[str | None]) -> str:
-        base = f"{self._current()}/{topic}"
+        base = f"{self.step_name}/{topic}"
         n = len(taken) + 1
         while f"{base}-{n}" in taken:
             n += 1

@@ -6,7 +6,7 @@ JSON that is stored."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,8 +33,11 @@ class Step:
     after: list[Step | str] = field(default_factory=list)
     allow_failed: bool = False
     workflow: object = None  # the building.Workflow it was added to
-    # A task step: the django.tasks record its message runs (see add_task).
-    task_result_id: str | None = None
+    generated_name: bool = False  # named by the workflow (a composition may rename it)
+    # A task step (Workflow.add_task): its django.tasks result, and the
+    # writer of its task record, called in the workflow's transaction.
+    task_result: Any = None
+    write_record: Callable[[str], None] | None = None
 
     @property
     def topic(self) -> str:

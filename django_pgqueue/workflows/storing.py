@@ -1,5 +1,5 @@
 """Writing a workflow: its row, all its steps and their edges, and the
-release of the steps that follow none, in the caller's transaction (three
+release of the steps that follow none, in the caller's transaction (four
 statements, whatever the number of steps); and the steps a handler adds
 to its own workflow, written with its acknowledgement."""
 
@@ -36,6 +36,9 @@ def write(
             cursor.execute(workflows_sql.INSERT_WORKFLOW_SQL, [name])
             pk = cursor.fetchone()[0]
             insert_steps(cursor, pk, steps, graph)
+            for step in steps:
+                if step.write_record is not None:
+                    step.write_record(alias)  # a task step's record
         written(pk)
 
     if caller == alias:
@@ -94,3 +97,13 @@ def step_document(step: Step, graph: dict[str, list[str]], new: set[str | None])
         f"{o.priority},{json.dumps(run_at)},{o.delay_seconds!r},{json.dumps(o.max_attempts)},"
         f"{json.dumps(o.group_key)}]"
     )
+
+
+def delete(workflow_ids: list[int], using: str) -> int:
+    """Delete workflows ``workflow_ids`` with their steps and their steps'
+    dependencies, in one statement; returns how many workflows it deleted."""
+    if not workflow_ids:
+        return 0
+    with connections[using].cursor() as cursor:
+        cursor.execute(workflows_sql.DELETE_SQL, [workflow_ids])
+        return int(cursor.fetchone()[0])

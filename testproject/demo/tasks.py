@@ -131,3 +131,10 @@ def drop_task_connections():
             [f"pgqueue_tasks#{os.getpid()}"],
         )
         return cursor.fetchone()[0]
+
+
+@task(takes_context=True)
+def total_of_results(context, extra=0):
+    """A workflow's task step: the sum of the results of the steps it follows
+    (its context's workflow, as a handler's message.workflow), plus extra."""
+    return sum(context.workflow.results().values()) + extra

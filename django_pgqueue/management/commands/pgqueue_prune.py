@@ -34,6 +34,7 @@ LABELS = {
     "dead_letters": "resolved or revived dead letters",
     "task_results": "finished Tasks results",
     "workers": "rows of dead workers",
+    "workflows": "finished workflows (with their steps)",
 }
 
 

@@ -150,7 +150,7 @@ class Command(BaseCommand):
 
 
 def _text(report: dict[str, Any]) -> list[str]:
-    """The report as the lines of five tables."""
+    """The report as the lines of its tables and summaries."""
     lines = ["Queues", QUEUE_COLUMNS.header()]
     for name, queue in report["queues"].items():
         counts = [queue[state] for state in STATES]
@@ -178,7 +178,9 @@ def _text(report: dict[str, Any]) -> list[str]:
         lines += [SCHEDULE_COLUMNS.row(_schedule_cells(row)) for row in report["schedules"]]
     else:
         lines.append("no schedules")
-    return [*lines, "", "History", _history_line(report["history"])]
+    lines += ["", "History", _history_line(report["history"])]
+    workflows = ", ".join(f"{status} {n}" for status, n in report["workflows"].items())
+    return [*lines, "", "Workflows", workflows]
 
 
 def _history_line(history: dict[str, Any]) -> str:
