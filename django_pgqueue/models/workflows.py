@@ -109,8 +109,13 @@ class WorkflowStep(models.Model):
     dead-lettered)."""
 
     id = models.BigAutoField(primary_key=True)
+    # (The unique constraint's index starts with workflow: no index of its own.)
     workflow = models.ForeignKey(
-        Workflow, on_delete=models.DO_NOTHING, db_constraint=False, related_name="steps"
+        Workflow,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,
+        related_name="steps",
     )
     name = models.CharField(max_length=NAME_MAX_LENGTH)
     state = models.CharField(max_length=16, choices=StepState.choices, db_default=StepState.HELD)

@@ -417,6 +417,15 @@ def wf_chaos_part(message):
     return message.payload.get("value")
 
 
+@handler("wf.chaos_part_nonatomic", atomic=False)
+def wf_chaos_part_nonatomic(message):
+    """wf.chaos_part with atomic=False: its ledger row commits on its own, so
+    a kill after it and before the acknowledgement runs it again."""
+    time.sleep(message.payload.get("sleep", 0))
+    record(message)
+    return message.payload.get("value")
+
+
 @handler("wf.chaos_join")
 def wf_chaos_join(message):
     """Records; returns how many results of the steps it follows it saw (all
