@@ -19,13 +19,15 @@ from django_pgqueue.workflows.steps import Step, find_cycle, make_step
 
 
 class Workflow:
-    """Steps and what each waits for, enqueued together::
+    """Steps and what each waits for, enqueued together:
 
-    wf = Workflow(name="import 42")
-    fetch = wf.add("etl.fetch", {"file": 42}, name="fetch")
-    parts = [wf.add("etl.parse", {"part": i}, after=[fetch]) for i in range(8)]
-    wf.add("etl.report", {}, name="report", after=parts)
-    run = wf.enqueue()
+    .. code-block:: python
+
+        wf = Workflow(name="import 42")
+        fetch = wf.add("etl.fetch", {"file": 42}, name="fetch")
+        parts = [wf.add("etl.parse", {"part": i}, after=[fetch]) for i in range(8)]
+        wf.add("etl.report", {}, name="report", after=parts)
+        run = wf.enqueue()
     """
 
     def __init__(self, name: str = "") -> None:
