@@ -61,7 +61,7 @@ def test_throughput():
         "throughput",
         # Enough messages that the drain outlasts an empty-queue run (the
         # scenario's own check; atomic handlers, the slower), even on a loaded machine.
-        *["--messages", "5000", "--startup-runs", "3", "--sweep", "none", "--skip", "nonatomic"],
+        *["--messages", "20000", "--startup-runs", "3", "--sweep", "none", "--skip", "nonatomic"],
         *["--latency-samples", "3", "--latency-spacing-ms", "5"],
         *["--idle-seconds", "1", "--idle-poll-interval", "0.5", "--database-url", url],
     )

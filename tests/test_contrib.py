@@ -103,6 +103,7 @@ def exported(db, make_message, make_dead_letter):
         worker.finished(message, outcome, duration=0.01)
     worker.reconnected("loop")
     worker.track_inflight(lambda: 1)
+    worker.workflows(2, ["done", "failed"])
     return Exported([*database, *worker.registry.collect()])
 
 
