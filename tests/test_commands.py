@@ -182,7 +182,11 @@ def manage(*args):
         "PGQUEUE_JSON": "{}",
     }
     return subprocess.run(
-        [sys.executable, str(MANAGE), *args], env=env, capture_output=True, timeout=60
+        # A bound for a hung command only (a loaded machine starts Django slowly).
+        [sys.executable, str(MANAGE), *args],
+        env=env,
+        capture_output=True,
+        timeout=300,
     )
 
 

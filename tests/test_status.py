@@ -73,7 +73,9 @@ def manage(*args, **env):
         env=subprocess_env(**env),
         capture_output=True,
         text=True,
-        timeout=60,
+        # A bound that stops a hung command, far above its normal seconds: a
+        # loaded 2-core machine took over 60 s to start Django once.
+        timeout=300,
     )
 
 
