@@ -155,6 +155,29 @@ def test_failed_acknowledgements_are_sent_again_and_nothing_runs_twice(
     assert caplog.text.count("injected acknowledgement failure") == 3, caplog.text
 
 
+def test_a_failed_acknowledgement_of_workflow_steps_is_sent_again_with_their_bookkeeping(
+    failing_acknowledgements, caplog
+):
+    # atomic=False steps: their acknowledgement and their steps' bookkeeping
+    # are one transaction of their own; the first three fail (the injected
+    # error in the DELETE) and roll back together, then are sent again.
+    from django_pgqueue import Workflow
+
+    failing_acknowledgements(3, carried_by_claim=False)
+    wf = Workflow(name="acks")
+    parts = [wf.add("wf.value_nonatomic", {"value": i}, name=f"part-{i}") for i in range(20)]
+    wf.add("wf.sum", {}, name="join", after=parts)
+    run = wf.enqueue()
+    with running_worker(concurrency=2, batch_size=5, poll_interval=0.2):
+        wait_until(lambda: run.status() == "done", message="the workflow done")
+    assert caplog.text.count("injected acknowledgement failure") == 3, caplog.text
+    assert Handled.objects.filter(topic="wf.sum").count() == 1
+    assert run.result("join") == {
+        "sum": sum(range(20)),
+        "saw": sorted(f"part-{i}" for i in range(20)),
+    }
+
+
 def test_priority_decides_the_order():
     low = enqueue("test.record", {}, priority=-5)
     high = enqueue("test.record", {}, priority=5)

@@ -67,12 +67,28 @@ BEGIN
 END;
 $$;
 
+-- The messages of the steps step_ids, just released (their message_id
+-- drawn): inserted into the queue, in step order.
+CREATE FUNCTION pgqueue_workflow_insert_messages(step_ids bigint[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO django_pgqueue_message (
+        id, queue, topic, payload, headers, priority, run_at, max_attempts,
+        group_key, workflow_step_id)
+    SELECT s.message_id, s.queue, s.topic, s.payload, s.headers, s.priority,
+        coalesce(s.run_at, now() + make_interval(secs => s.delay_seconds)),
+        s.max_attempts, s.group_key, s.id
+    FROM django_pgqueue_workflowstep AS s WHERE s.id = ANY(step_ids) ORDER BY s.id;
+END;
+$$;
+
 -- Release the held steps among candidates that wait for nothing: insert
 -- their messages. Returns how many were released.
 CREATE FUNCTION pgqueue_workflow_release(candidates bigint[]) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
     ids regclass := pg_get_serial_sequence('django_pgqueue_message', 'id');
+    released bigint[] := '{}';
     per_workflow record;
     total integer := 0;
 BEGIN
@@ -84,22 +100,16 @@ BEGIN
             UPDATE django_pgqueue_workflowstep AS s
             SET state = 'released', message_id = nextval(ids)
             WHERE s.id = ANY(candidates) AND s.state = 'held' AND s.waiting_for = 0
-            RETURNING s.*
-        ), inserted AS (
-            INSERT INTO django_pgqueue_message (
-                id, queue, topic, payload, headers, priority, run_at, max_attempts,
-                group_key, workflow_step_id)
-            SELECT r.message_id, r.queue, r.topic, r.payload, r.headers, r.priority,
-                coalesce(r.run_at, now() + make_interval(secs => r.delay_seconds)),
-                r.max_attempts, r.group_key, r.id
-            FROM ready AS r ORDER BY r.id
-            RETURNING 1
+            RETURNING s.id, s.workflow_id
         )
-        SELECT r.workflow_id AS wf, count(*)::integer AS n FROM ready AS r GROUP BY r.workflow_id
+        SELECT workflow_id AS wf, array_agg(id) AS steps, count(*)::integer AS n
+        FROM ready GROUP BY workflow_id
     LOOP
         PERFORM pgqueue_workflow_count(per_workflow.wf, 0, 0, per_workflow.n, 0, 0);
+        released := released || per_workflow.steps;
         total := total + per_workflow.n;
     END LOOP;
+    PERFORM pgqueue_workflow_insert_messages(released);
     RETURN total;
 END;
 $$;
@@ -146,6 +156,7 @@ DECLARE
     done_ids bigint[];
     follower_ids bigint[];
     follower_counts integer[];
+    ready_ids bigint[];
     per_workflow record;
 BEGIN
     released := 0;
@@ -168,37 +179,30 @@ BEGIN
         WHERE d.after_id = ANY(done_ids)
         GROUP BY d.step_id
     ) AS c;
+    WITH moved AS (
+        -- (SET sees the row as it was: held, waiting for exactly n more.)
+        UPDATE django_pgqueue_workflowstep AS t SET
+            waiting_for = t.waiting_for - v.n,
+            state = CASE WHEN t.state = 'held' AND t.waiting_for = v.n
+                         THEN 'released' ELSE t.state END,
+            message_id = CASE WHEN t.state = 'held' AND t.waiting_for = v.n
+                              THEN nextval(ids) ELSE t.message_id END
+        FROM unnest(follower_ids, follower_counts) AS v(id, n)
+        WHERE t.id = v.id
+        RETURNING t.id, t.state
+    )
+    -- A step after one that has just ended was held until now: one that
+    -- reads released here was released by this statement.
+    SELECT coalesce(array_agg(id) FILTER (WHERE state = 'released'), '{}')
+    INTO ready_ids FROM moved;
+    PERFORM pgqueue_workflow_insert_messages(ready_ids);
+    released := cardinality(ready_ids);
     FOR per_workflow IN
-        WITH moved AS (
-            -- (SET sees the row as it was: held, waiting for exactly n more.)
-            UPDATE django_pgqueue_workflowstep AS t SET
-                waiting_for = t.waiting_for - v.n,
-                state = CASE WHEN t.state = 'held' AND t.waiting_for = v.n
-                             THEN 'released' ELSE t.state END,
-                message_id = CASE WHEN t.state = 'held' AND t.waiting_for = v.n
-                                  THEN nextval(ids) ELSE t.message_id END
-            FROM unnest(follower_ids, follower_counts) AS v(id, n)
-            WHERE t.id = v.id
-            RETURNING t.*
-        ), ready AS (
-            -- A step after one that has just ended was held until now: one
-            -- that reads released here was released by this statement.
-            SELECT * FROM moved WHERE state = 'released'
-        ), inserted AS (
-            INSERT INTO django_pgqueue_message (
-                id, queue, topic, payload, headers, priority, run_at, max_attempts,
-                group_key, workflow_step_id)
-            SELECT r.message_id, r.queue, r.topic, r.payload, r.headers, r.priority,
-                coalesce(r.run_at, now() + make_interval(secs => r.delay_seconds)),
-                r.max_attempts, r.group_key, r.id
-            FROM ready AS r ORDER BY r.id
-            RETURNING 1
-        ), counted AS (
-            SELECT workflow_id AS wf, 0 AS done, count(*)::integer AS released FROM ready
-            GROUP BY workflow_id
+        WITH counted AS (
+            SELECT workflow_id AS wf, 0 AS done, 1 AS released FROM django_pgqueue_workflowstep
+            WHERE id = ANY(ready_ids)
             UNION ALL
-            SELECT workflow_id, count(*)::integer, 0 FROM django_pgqueue_workflowstep
-            WHERE id = ANY(done_ids) GROUP BY workflow_id
+            SELECT workflow_id, 1, 0 FROM django_pgqueue_workflowstep WHERE id = ANY(done_ids)
         )
         SELECT wf, sum(done)::integer AS done, sum(counted.released)::integer AS released
         FROM counted GROUP BY wf
@@ -206,7 +210,6 @@ BEGIN
         PERFORM pgqueue_workflow_count(
             per_workflow.wf, 0, -per_workflow.done, per_workflow.released - per_workflow.done,
             0, 0);
-        released := released + per_workflow.released;
     END LOOP;
     finished := ARRAY(
         SELECT status FROM django_pgqueue_workflow
@@ -327,6 +330,7 @@ DROP FUNCTION pgqueue_workflow_steps_dead(bigint[]);
 DROP FUNCTION pgqueue_workflow_steps_done(bigint[], jsonb[]);
 DROP FUNCTION pgqueue_workflow_followers(bigint[]);
 DROP FUNCTION pgqueue_workflow_release(bigint[]);
+DROP FUNCTION pgqueue_workflow_insert_messages(bigint[]);
 DROP FUNCTION pgqueue_workflow_count(bigint, integer, integer, integer, integer, integer);
 DROP FUNCTION pgqueue_workflow_status(text, integer, integer, integer, integer);
 DROP FUNCTION pgqueue_workflow_lock(bigint[]);

@@ -54,13 +54,10 @@ GIVEN_UP_SQL = "SELECT pgqueue_workflow_steps_given_up(%s::bigint[])"
 # A workflow's cancel: its row locked (and marked), then every step that has
 # not ended given up; returns the messages of those that were in the queue.
 CANCEL_SQL = """
-WITH marked AS (
-    UPDATE django_pgqueue_workflow SET status = 'cancelled', finished_at = CASE
-        WHEN steps_unfinished = 0 THEN coalesce(finished_at, now()) END
-    WHERE id = %s AND status NOT IN ('done', 'failed', 'cancelled')
-    RETURNING id
-)
-SELECT id FROM marked
+UPDATE django_pgqueue_workflow SET status = 'cancelled', finished_at = CASE
+    WHEN steps_unfinished = 0 THEN coalesce(finished_at, now()) END
+WHERE id = %s AND status NOT IN ('done', 'failed', 'cancelled')
+RETURNING id
 """
 UNFINISHED_STEPS_SQL = """
 SELECT id FROM django_pgqueue_workflowstep

@@ -30,9 +30,9 @@ class Moved:
 
 def finished(messages: Sequence[tuple[Message, str]], using: str) -> Moved:
     """The steps of ``messages`` (each with its handler's result as JSON
-    text, ``result_json``) are
-    done: write the steps their handlers added, then move them (their
-    followers released). Inside the transaction of their acknowledgement."""
+    text, ``result_json``) are done: write the steps their handlers added,
+    then move them (their followers released). Inside the transaction of
+    their acknowledgement."""
     from django_pgqueue.workflows.storing import insert_steps
 
     ids, results = [], []
