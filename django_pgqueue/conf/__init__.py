@@ -34,8 +34,10 @@ from django_pgqueue.conf.limits import (
     Rate,
     concurrency_problem,
     configured_limits,
+    configured_weights,
     parse_rate,
     rate_problem,
+    weight_problem,
 )
 from django_pgqueue.conf.problems import (
     RULE_CONDITIONS,
@@ -69,6 +71,7 @@ __all__ = [
     "alias_problem",
     "concurrency_problem",
     "configured_limits",
+    "configured_weights",
     "database_alias",
     "get",
     "hide_secrets",
@@ -80,6 +83,7 @@ __all__ = [
     "queue_limits",
     "queues",
     "rate_problem",
+    "weight_problem",
     "rule_problem",
     "text_problem",
     "validate",
@@ -113,6 +117,12 @@ def queue_limits() -> dict[str, Limits]:
     """{queue: Limits} of the queues PGQUEUE["QUEUES"] gives limits (its dict
     form); the run-time overrides are ``controls``'."""
     return configured_limits(get("QUEUES"))
+
+
+def queue_weights() -> dict[str, int]:
+    """{queue: weight} when PGQUEUE["QUEUES"] gives a queue a weight (a
+    worker serving several shares its claims by weight), else {}."""
+    return configured_weights(get("QUEUES"))
 
 
 def milliseconds(seconds: float | None) -> str | None:

@@ -83,7 +83,10 @@ DEFAULTS: dict[str, Any] = {
     # "100/m", "500/h"). {"default": {}, "payments": {"concurrency": 3},
     # "emails": {"rate": "100/m"}}. The Queues page of the admin and
     # "pgqueue_queues limit" override them at run time; a queue without
-    # limits costs its claims nothing.
+    # limits costs its claims nothing. A queue's dict may also hold a
+    # "weight" (1 to 1000): a worker given no --queues then shares its
+    # claims between its queues by weight while they all have work (a queue
+    # without a weight: 1), rather than in the order listed.
     "QUEUES": None,
     # Seconds a cancelled message stays in the queue table (status
     # "cancelled", for the record) before maintenance deletes it. None keeps

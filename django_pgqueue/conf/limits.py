@@ -10,6 +10,10 @@ minute or hour (``rate``, "100/m").
     }}
 
 The list form (``["default", "emails"]``) names queues without limits.
+
+A queue's entry may also give it a ``weight`` (a whole number, 1 by
+default when another queue has one): not a limit, but its share of the
+claims of a worker that serves it beside others (``QueueShares``).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ RATE_PERIODS = {"s": 1, "m": 60, "h": 3600}
 LONGEST_PERIOD = max(RATE_PERIODS.values())
 CONCURRENCY_MAX = 1_000_000
 LIMIT_KEYS = ("concurrency", "rate")
+QUEUE_KEYS = (*LIMIT_KEYS, "weight")
+WEIGHT_MAX = 1000
 
 
 @dataclass(frozen=True)
@@ -86,19 +92,29 @@ def concurrency_problem(value: object) -> str | None:
     return f"must be a whole number from 1 to {CONCURRENCY_MAX}"
 
 
+def weight_problem(value: object) -> str | None:
+    """Why ``value`` is not a queue's weight, or None."""
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= WEIGHT_MAX:
+        return None
+    return f"must be a whole number from 1 to {WEIGHT_MAX}"
+
+
+_PROBLEMS = {"concurrency": concurrency_problem, "rate": rate_problem, "weight": weight_problem}
+
+
 def limits_problem(value: object) -> str | None:
     """Why ``value`` (a queue's entry in the dict form of QUEUES) is not a
-    dict of limits, or None."""
+    dict of limits (and perhaps a weight), or None."""
     if value is None:
         return None
     if not isinstance(value, dict):
         return "must be a dict of limits ({} or None for none)"
     for key, limit in value.items():
-        if key not in LIMIT_KEYS:
-            return f"has an unknown limit {key!r} (known: {', '.join(LIMIT_KEYS)})"
+        if key not in QUEUE_KEYS:
+            return f"has an unknown limit {key!r} (known: {', '.join(QUEUE_KEYS)})"
         if limit is None:
             continue
-        problem = concurrency_problem(limit) if key == "concurrency" else rate_problem(limit)
+        problem = _PROBLEMS[key](limit)
         if problem:
             return f"{key} {problem}"
     return None
@@ -118,3 +134,14 @@ def configured_limits(queues: object) -> dict[str, Limits]:
         return {}
     found = {name: limits_of(value or {}) for name, value in queues.items()}
     return {name: limits for name, limits in found.items() if limits}
+
+
+def configured_weights(queues: object) -> dict[str, int]:
+    """{queue: weight} of every queue of the setting QUEUES (``queues``) when
+    one of them has a weight (the others: 1), else {} (strict order)."""
+    if not isinstance(queues, dict):
+        return {}
+    weights = {name: (value or {}).get("weight") for name, value in queues.items()}
+    if all(weight is None for weight in weights.values()):
+        return {}
+    return {name: weight or 1 for name, weight in weights.items()}

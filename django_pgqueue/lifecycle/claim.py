@@ -12,7 +12,8 @@ from __future__ import annotations
 import datetime
 import logging
 import uuid
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +70,7 @@ def ack_and_claim_rows(
     few_ready: bool = False,
     promote: bool = False,
     limits: Mapping[str, Limits] | None = None,
+    shares: Sequence[str] | None = None,
 ) -> ClaimResult:
     """Acknowledge ``acks`` (finished messages of atomic=False handlers, as
     ``ack_unlocked``) and lease up to ``limit`` ready messages of ``queues``
@@ -91,6 +93,9 @@ def ack_and_claim_rows(
     the claim (which then takes the new heads). ``limits``: the queues with
     limits (concurrency, rate) and theirs: their claim takes no more than
     their free slots (sql_limited), and the result says how it left them.
+    ``shares``: the queue of each of the ``limit`` slots, in turn (a worker
+    given weights, worker.shares): the claim is shared between the queues
+    so (``_claim_shared``), not taken from them in order.
     """
     using = conf.database_alias()
     connection = connections[using]
@@ -102,13 +107,17 @@ def ack_and_claim_rows(
     groups_left = 0
     limited: dict[str, LimitState] = {}
     pending = list(acks)
-    for name in queues:
+
+    def claim_from(name: str, size: int) -> list[tuple[Any, ...]]:
+        """Up to ``size`` messages of queue ``name``, in claim order (the
+        first statement also carries the acknowledgements and promotion)."""
+        nonlocal pending, promote, acked, busy, groups_left
         queue_limits = limits.get(name) if limits else None
         if queue_limits is None:
             statement, claim_params = claim_sql.claim_statement(
                 using,
                 name,
-                limit - len(claimed),
+                size,
                 worker_id,
                 now,
                 lease_seconds,
@@ -122,7 +131,7 @@ def ack_and_claim_rows(
             claim_statements, claim_params = limited_sql.limited_claim_statements(
                 using,
                 name,
-                limit - len(claimed),
+                size,
                 worker_id,
                 queue_limits.concurrency,
                 None if rate is None else (rate.count, rate.seconds),
@@ -174,9 +183,15 @@ def ack_and_claim_rows(
             cursor.execute(claim_statements[0], claim_params)
             rows = cursor.fetchall()
         rows.sort(key=_claim_order)  # RETURNING keeps no order
-        claimed += rows
-        if len(claimed) >= limit:
-            break
+        return rows
+
+    if shares is None:
+        for name in queues:
+            claimed += claim_from(name, limit - len(claimed))
+            if len(claimed) >= limit:
+                break
+    else:
+        claimed = _claim_shared(claim_from, queues, shares)
     # One line per message is DEBUG (the worker's summary is INFO); the hot
     # path builds nothing for a record nobody keeps.
     if claimed and logger.isEnabledFor(logging.DEBUG):
@@ -193,6 +208,37 @@ def ack_and_claim_rows(
                 extra={**fields, "state": "claimed", "worker": worker_id},
             )
     return ClaimResult(acked, busy, claimed, groups_left, limited)
+
+
+def _claim_shared(
+    claim_from: Callable[[str, int], list[tuple[Any, ...]]],
+    queues: Sequence[str],
+    shares: Sequence[str],
+) -> list[tuple[Any, ...]]:
+    """A claim of ``len(shares)`` messages shared between ``queues``: each
+    queue takes the slots ``shares`` gives it (worker.shares), a queue short
+    of work leaves the rest of its slots to the others, in order, and the
+    messages come back in the slots' turn (a, a, b, a...), so that the
+    handler threads start them in that turn too."""
+    quotas = Counter(shares)
+    by_queue: dict[str, list[tuple[Any, ...]]] = {}
+    for name in queues:
+        if quotas[name]:
+            by_queue[name] = claim_from(name, quotas[name])
+    left = len(shares) - sum(len(rows) for rows in by_queue.values())
+    for name in queues:
+        if left <= 0:
+            break
+        if len(by_queue.get(name, ())) < quotas[name]:
+            continue  # it gave fewer than its share: it has no more
+        more = claim_from(name, left)
+        by_queue.setdefault(name, []).extend(more)
+        left -= len(more)
+    taken = {name: iter(rows) for name, rows in by_queue.items()}
+    claimed = [row for name in shares if (row := next(taken.get(name, iter(())), None))]
+    for rows in taken.values():
+        claimed.extend(rows)  # what the others left: after the turn
+    return claimed
 
 
 def _claim_order(row: Sequence[Any]) -> tuple[int, datetime.datetime | None, int]:

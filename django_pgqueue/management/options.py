@@ -13,6 +13,7 @@ import math
 import threading
 
 from django_pgqueue import conf
+from django_pgqueue.conf.limits import WEIGHT_MAX
 
 # PostgreSQL's bigint: the most a whole number can be that reaches SQL (a LIMIT).
 BIGINT_MAX = 2**63 - 1
@@ -71,11 +72,27 @@ def topic_list(value):
 
 
 def queue_list(value):
-    """Comma-separated queue names, at least one."""
-    names = [name.strip() for name in value.split(",") if name.strip()]
-    if not names:
+    """Comma-separated queue names, at least one: a list (claimed in that
+    order), or, when one has a weight (``bulk=3``), {name: weight} (the
+    claims shared by weight; a name without one weighs 1)."""
+    items = [item.strip() for item in value.split(",") if item.strip()]
+    if not items:
         raise argparse.ArgumentTypeError("give at least one queue name")
-    return [queue_name(name) for name in names]
+    weights: dict[str, int] = {}
+    for item in items:
+        name, has_weight, weight = (part.strip() for part in item.partition("="))
+        name = queue_name(name)
+        if name in weights:
+            raise argparse.ArgumentTypeError(f"names the queue {name!r} twice")
+        weights[name] = 1
+        if has_weight:
+            try:
+                weights[name] = _whole_number(weight, 1, "at least 1", WEIGHT_MAX)
+            except argparse.ArgumentTypeError as exc:
+                raise argparse.ArgumentTypeError(f"queue {name!r}: weight {exc}") from None
+    if not any("=" in item for item in items):
+        return list(weights)
+    return weights
 
 
 # --- numbers ----------------------------------------------------------------------------

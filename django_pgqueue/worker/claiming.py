@@ -2,7 +2,8 @@
 round trip that also carries the waiting acknowledgements and the promotion
 of released message groups (``lifecycle.ack_and_claim_rows``). The queues
 claimed from are those not paused nor waiting for a slot of their limits
-(``QueueControls``)."""
+(``QueueControls``): in order, or, with weights, sharing each claim by
+weight (``QueueShares``)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from django_pgqueue.worker.config import Metrics, WorkerConfig
 from django_pgqueue.worker.controls import QueueControls
 from django_pgqueue.worker.job import Job
 from django_pgqueue.worker.ledger import Ledger
+from django_pgqueue.worker.shares import QueueShares
 from django_pgqueue.worker.wakeup import Wakeup
 
 
@@ -31,6 +33,12 @@ class Claimer:
     controls: QueueControls  # paused queues and limits: what to claim from, how many
     claimed: int = field(default=0, init=False)  # messages claimed by this worker
     few_ready: bool = field(default=False, init=False)  # the last claim came back short
+    # The weights' turn between claims (None: no weights, queues in order).
+    shares: QueueShares | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        if self.config.weights:
+            self.shares = QueueShares(self.config.weights)
 
     def size(self) -> int:
         """How many messages to claim now (``Ledger.claim_size``), never
@@ -77,6 +85,11 @@ class Claimer:
                 few_ready=self.few_ready,
                 promote=promote,
                 limits=self.controls.claim_limits(),
+                shares=(
+                    self.shares.slots(queues, asked)
+                    if self.shares is not None and len(queues) > 1
+                    else None
+                ),
             )
         except BaseException:
             self.acks.put_back(acks)  # flushed again next time

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 from django_pgqueue import conf
 from django_pgqueue.observability.metrics import NullMetrics, WorkerMetrics
@@ -32,7 +32,7 @@ AUTO_PREFETCH_BATCHES = 2
 class WorkerConfig:
     worker_id: str
     hostname: str
-    queues: list[str]
+    queues: list[str]  # in claim order
     concurrency: int  # handler threads
     batch_size: int  # messages per claim, at most
     # Messages claimed ahead of the running ones, so that a claim can be a
@@ -50,12 +50,15 @@ class WorkerConfig:
     # Seconds between the INFO summaries of what it finished (0: none).
     log_summary_interval: float = 0.0
     prefetch_auto: bool = False  # --prefetch auto: see AUTO_PREFETCH_SECONDS
+    # {queue: weight}: the claims shared between the queues by weight
+    # (QueueShares); empty: each claim takes the queues in order.
+    weights: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def resolve(
         cls,
         *,
-        queues: Iterable[str] | None,
+        queues: Iterable[str] | Mapping[str, int] | None,
         concurrency: int,
         batch_size: int | None,
         prefetch: int | None,
@@ -72,10 +75,21 @@ class WorkerConfig:
         # commits); prefetch None: as many ahead as the handlers' durations
         # warrant (Ledger), up to two batches.
         batch_size = batch_size or DEFAULT_BATCH_SIZE
+        if queues is None:
+            names, weights = conf.queues(), conf.queue_weights()
+        elif isinstance(queues, Mapping):
+            names, weights = list(queues), dict(queues)
+        else:
+            names, weights = list(queues), {}
+        for name, weight in weights.items():
+            problem = conf.weight_problem(weight)
+            if problem:
+                raise ValueError(f"queue {name!r}: its weight {problem} (got {weight!r})")
         return cls(
             worker_id=worker_id or f"{hostname}:{os.getpid()}:{uuid.uuid4().hex[:6]}",
             hostname=hostname,
-            queues=list(queues or conf.queues()),
+            queues=names or conf.queues(),
+            weights=weights if len(weights) > 1 else {},
             concurrency=concurrency,
             batch_size=batch_size,
             prefetch=AUTO_PREFETCH_BATCHES * batch_size if prefetch is None else prefetch,
@@ -89,6 +103,12 @@ class WorkerConfig:
             heartbeat_interval=conf.get("HEARTBEAT_INTERVAL"),
             log_summary_interval=conf.get("LOG_SUMMARY_INTERVAL"),
         )
+
+    @property
+    def queues_text(self) -> str:
+        """Its queues as --queues takes them: "a,b", or "a=3,b=1"."""
+        weights = self.weights
+        return ",".join(f"{name}={weights[name]}" if weights else name for name in self.queues)
 
     @property
     def capacity(self) -> int:

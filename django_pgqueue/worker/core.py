@@ -28,7 +28,7 @@ import math
 import random
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from django.db import DatabaseError, connections
@@ -73,7 +73,7 @@ class Worker:
 
     def __init__(
         self,
-        queues: Iterable[str] | None = None,
+        queues: Iterable[str] | Mapping[str, int] | None = None,
         concurrency: int = 4,
         batch_size: int | None = None,
         prefetch: int | None = None,
@@ -160,7 +160,7 @@ class Worker:
         logger.info(
             "Worker %s starting: queues=%s concurrency=%s batch=%s prefetch=%s notify=%s lease=%ss",
             self.worker_id,
-            ",".join(config.queues),
+            config.queues_text,
             config.concurrency,
             config.batch_size,
             f"auto(<={config.prefetch})" if config.prefetch_auto else config.prefetch,

@@ -79,8 +79,9 @@ class Command(BaseCommand):
             "--queues",
             type=queue_list,
             default=None,
-            help="comma-separated queues to work on, in claim order "
-            "(default: PGQUEUE['QUEUES'], else PGQUEUE['DEFAULT_QUEUE'])",
+            help="comma-separated queues to work on, in claim order; with weights "
+            "(default=3,bulk=1) the claims are shared by weight while they all have work "
+            "(default: PGQUEUE['QUEUES'] and its weights, else PGQUEUE['DEFAULT_QUEUE'])",
         )
         parser.add_argument(
             "--concurrency",
