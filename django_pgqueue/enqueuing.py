@@ -75,6 +75,7 @@ def enqueue(
     group_key: str | None = None,
     headers: dict[str, Any] | None = None,
     max_attempts: int | None = None,
+    partition_key: str | None = None,
     using: str | None = None,
 ) -> Message:
     """Enqueue one message for ``topic`` and return it as a ``Message``.
@@ -85,12 +86,16 @@ def enqueue(
     the caller's commit on another database alias (``message.pk`` is None
     until then). ``using`` is the alias of the caller's transaction
     (default: ``"default"``).
+
+    ``partition_key`` (a non-empty string of at most 255 characters, e.g.
+    ``"tenant:42"``) puts the message in that partition of its queue;
+    without one it is in the queue's default partition.
     """
 
     def insert(headers: dict[str, Any] | None) -> Message:
         row = validate_one(
             topic, payload, delay, run_at, priority, queue, dedup_key, group_key, headers,
-            max_attempts,
+            max_attempts, partition_key,
         )  # fmt: skip
         return _enqueue_one(row, using)
 
@@ -215,6 +220,7 @@ def _is_plain(o: Options) -> bool:
         and o.max_attempts is None
         and o.dedup_key is None
         and o.group_key is None
+        and o.partition_key is None
     )
 
 
@@ -341,6 +347,7 @@ def _insert_values(row: Row) -> list[Any]:
     return [
         *(o.queue, o.topic, row.payload_json, o.headers_json, o.priority),
         *(o.run_at, o.delay_seconds, o.max_attempts, o.dedup_key, o.group_key),
+        o.partition_key,
     ]
 
 
@@ -348,7 +355,7 @@ def _option_values(o: Options) -> list[Any]:
     """INSERT_SHARED_SQL's parameters before the payloads."""
     return [
         *(o.queue, o.topic, o.headers_json, o.priority, o.run_at, o.delay_seconds),
-        *(o.max_attempts, o.dedup_key, o.group_key),
+        *(o.max_attempts, o.dedup_key, o.group_key, o.partition_key),
     ]
 
 
@@ -394,7 +401,7 @@ def _unsaved(row: Row) -> Message:
     values = (  # in _FIELDS order
         None, o.queue, o.topic, row.payload, row.headers, Status.WAITING, o.priority, o.run_at,
         0, o.max_attempts, None, "", None, o.dedup_key, o.group_key, "", "", None, None, None,
-        None, None,
+        None, None, o.partition_key,
     )  # fmt: skip
     message = Message.from_db(None, _FIELDS, values)
     message._state.adding = True
@@ -407,7 +414,7 @@ _FIELDS = (
     *("id", "queue", "topic", "payload", "headers", "status", "priority", "run_at"),
     *("attempts", "max_attempts", "lease_expires_at", "locked_by", "lease_token"),
     *("dedup_key", "group_key", "last_error", "last_error_category", "first_failed_at"),
-    *("created_at", "updated_at", "cancel_requested_at", "workflow_step_id"),
+    *("created_at", "updated_at", "cancel_requested_at", "workflow_step_id", "partition_key"),
 )
 if _FIELDS != tuple(field.attname for field in Message._meta.concrete_fields):
     raise RuntimeError("enqueuing._FIELDS must list Message's concrete fields in their order")

@@ -42,6 +42,7 @@ class MessageFields(TypedDict, total=False):
     group_key: str | None
     headers: dict[str, Any] | None
     max_attempts: int | None
+    partition_key: str | None
 
 
 FIELD_NAMES = frozenset(MessageFields.__annotations__)
@@ -63,6 +64,7 @@ class Options:
     max_attempts: int | None
     dedup_key: str | None
     group_key: str | None
+    partition_key: str | None
 
     def row(self, payload: Any, headers: dict[str, Any]) -> Row:
         """A message with these options, ``payload`` (checked here) and
@@ -96,6 +98,7 @@ def validate(fields: Mapping[str, Any]) -> Row:
         get("group_key"),
         get("headers"),
         get("max_attempts"),
+        get("partition_key"),
     )
 
 
@@ -110,6 +113,7 @@ def validate_one(
     group_key: str | None,
     headers: dict[str, Any] | None,
     max_attempts: int | None,
+    partition_key: str | None,
 ) -> Row:
     """``validate`` for ``enqueue()``'s keywords as they were given, in
     ``MessageFields``' order. The common values (names seen before, no
@@ -144,9 +148,11 @@ def validate_one(
         dedup_key = check_key("dedup_key", dedup_key)
     if group_key is not None:
         group_key = check_key("group_key", group_key)
+    if partition_key is not None:
+        partition_key = check_key("partition_key", partition_key)
     options = Options(  # positional: the dataclass's __init__ takes them faster
         queue, topic, headers_json, priority, run_at, delay_seconds, max_attempts, dedup_key,
-        group_key,
+        group_key, partition_key,
     )  # fmt: skip
     return Row(payload, payload_json, headers, options)
 
@@ -226,8 +232,8 @@ def check_name(kind: str, value: object, max_length: int) -> str:
 
 
 def check_key(name: str, value: object) -> str | None:
-    """``value`` if it can be a ``dedup_key``, ``group_key`` or an event's
-    ``key`` (a non-empty string or None), else InvalidMessage."""
+    """``value`` if it can be a ``dedup_key``, ``group_key``, ``partition_key``
+    or an event's ``key`` (a non-empty string or None), else InvalidMessage."""
     if value is None:
         return None
     if not isinstance(value, str) or not value:
@@ -460,7 +466,7 @@ def _around_payload(o: Options) -> tuple[str, str]:
     return f'["{o.queue}","{o.topic}",', (
         f",{o.headers_json},{o.priority},{_json_or_null(run_at)},{o.delay_seconds!r},"
         f"{_json_or_null(o.max_attempts)},{_json_or_null(o.dedup_key)},"
-        f"{_json_or_null(o.group_key)}]"
+        f"{_json_or_null(o.group_key)},{_json_or_null(o.partition_key)}]"
     )
 
 

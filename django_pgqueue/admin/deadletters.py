@@ -69,7 +69,7 @@ class DeadLetterAdmin(QueueModelAdmin):
     ]
     list_filter = ["category", "topic", "state", "dead_lettered_at"]
     date_hierarchy = "dead_lettered_at"
-    search_fields = ["reason", "=message_id"]
+    search_fields = ["reason", "=message_id", "=partition_key"]
     ordering = ["-dead_lettered_at", "-id"]
     actions = ["revive", "revive_again", "set_category", "resolve", "revive_to"]
     _fields = [
@@ -87,6 +87,7 @@ class DeadLetterAdmin(QueueModelAdmin):
         "max_attempts",
         "dedup_key",
         "group_key",
+        "partition_key",
         "first_failed_at",
         "last_failed_at",
         "dead_lettered_at",

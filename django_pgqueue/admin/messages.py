@@ -57,14 +57,14 @@ class MessageAdmin(QueueModelAdmin):
         "last_error_short",
     ]
     list_filter = ["queue", "topic", "status", FailedFilter]
-    search_fields = ["=id", "topic", "=dedup_key"]
+    search_fields = ["=id", "topic", "=dedup_key", "=partition_key"]
     ordering = ["-id"]
     show_full_result_count = False
     actions = ["run_now", "move_to_dead_letters", "cancel"]
     fieldsets = [
         (None, {"fields": ["queue", "topic", "status", "priority", "run_at", "attempts"]}),
         ("Content", {"fields": ["payload_json", "headers_json"]}),
-        ("Keys", {"fields": ["dedup_key", "group_key", "max_attempts"]}),
+        ("Keys", {"fields": ["dedup_key", "group_key", "partition_key", "max_attempts"]}),
         (
             "Lease",
             {"fields": ["locked_by", "lease_expires_at", "lease_token", "cancel_requested_at"]},

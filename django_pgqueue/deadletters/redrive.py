@@ -52,10 +52,10 @@ def revive(
     """Put dead letters back into the queue as new messages.
 
     Each becomes a waiting ``Message`` with the same topic, payload, headers,
-    priority, queue, group_key, dedup_key and max_attempts, and 0 attempts,
-    inserted through enqueue's INSERT (so its NOTIFY wakes the workers);
-    ``queue=`` or ``topic=`` sends it elsewhere instead. In the same
-    transaction the dead letter becomes ``revived`` with ``revived_at``,
+    priority, queue, group_key, dedup_key, max_attempts and partition_key,
+    and 0 attempts, inserted through enqueue's INSERT (so its NOTIFY wakes
+    the workers); ``queue=`` or ``topic=`` sends it elsewhere instead. In
+    the same transaction the dead letter becomes ``revived`` with ``revived_at``,
     ``revive_count + 1``, ``revived_message_id``, ``revived_by`` (``by``: a
     name or a user) and a line in ``notes`` saying who and ``note``.
 
@@ -238,6 +238,7 @@ class _Reviver:
             "dedup_key": row.dedup_key,
             "group_key": row.group_key,
             "max_attempts": row.max_attempts,
+            "partition_key": row.partition_key,
         }
 
     def mark(self, row: DeadLetter, message: Message, now: datetime.datetime) -> None:

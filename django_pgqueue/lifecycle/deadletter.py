@@ -21,7 +21,9 @@ from django_pgqueue.sql import timeouts as timeouts_sql
 from django_pgqueue.workflows import bookkeeping
 
 # The fields a dead letter keeps of its message as they are.
-_COPIED_TO_DEAD_LETTER = "queue topic priority group_key dedup_key attempts max_attempts".split()
+_COPIED_TO_DEAD_LETTER = (
+    "queue topic priority group_key dedup_key attempts max_attempts partition_key".split()
+)
 
 
 def dead_letter(

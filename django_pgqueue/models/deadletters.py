@@ -59,6 +59,8 @@ class DeadLetter(models.Model):
         db_default=False,
         help_text="Its group stays blocked until it is revived, resolved or deleted.",
     )
+    # Its message's partition (issue 38); a revived one goes back into it.
+    partition_key = models.CharField(max_length=conf.KEY_MAX_LENGTH, null=True, blank=True)
 
     objects = FiniteDatesManager()  # the admin's date hierarchy
 
@@ -78,6 +80,9 @@ class DeadLetter(models.Model):
             ),
             models.CheckConstraint(
                 condition=Q(category__in=Category.values), name="pgqueue_dl_category_valid"
+            ),
+            models.CheckConstraint(
+                condition=~Q(partition_key=""), name="pgqueue_dl_partition_key_not_empty"
             ),
         ]
         permissions = [

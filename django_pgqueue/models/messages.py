@@ -94,6 +94,10 @@ class Message(models.Model):
     # The workflow step it runs (models.workflows.WorkflowStep), if any: its
     # acknowledgement, dead letter or cancellation moves the step too.
     workflow_step_id = models.BigIntegerField(null=True, blank=True)
+    # Its partition of the queue (issue 38), e.g. a tenant: messages without
+    # one share the queue's default partition. Last, so the columns before
+    # it keep their positions (migration 0019).
+    partition_key = models.CharField(max_length=conf.KEY_MAX_LENGTH, null=True, blank=True)
 
     # Not a column: in a workflow step's handler, the worker sets it to the
     # handle on the step's workflow (django_pgqueue.workflows.WorkflowRun);
@@ -180,6 +184,10 @@ class Message(models.Model):
             ),
             models.CheckConstraint(
                 condition=~Q(topic="") & ~Q(queue=""), name="pgqueue_msg_names_not_empty"
+            ),
+            # NULL is the default partition; '' would be a second one by another name.
+            models.CheckConstraint(
+                condition=~Q(partition_key=""), name="pgqueue_msg_partition_key_not_empty"
             ),
             # A leased row always has its lease: the rescue finds a dead
             # worker's rows by their expiry, and a row without one would wait

@@ -137,6 +137,8 @@ class WorkflowStep(models.Model):
     result = models.JSONField(encoder=DjangoJSONEncoder, null=True, blank=True)
     created_at = DateTimeField(db_default=Now())
     finished_at = DateTimeField(null=True, blank=True)
+    # Its message's partition (issue 38), copied into the message at release.
+    partition_key = models.CharField(max_length=conf.KEY_MAX_LENGTH, null=True, blank=True)
 
     class Meta:
         indexes = [
@@ -154,6 +156,9 @@ class WorkflowStep(models.Model):
             ),
             models.CheckConstraint(
                 condition=Q(waiting_for__gte=0), name="pgqueue_wfstep_waiting_for_gte_0"
+            ),
+            models.CheckConstraint(
+                condition=~Q(partition_key=""), name="pgqueue_wfstep_partition_key_not_empty"
             ),
         ]
 

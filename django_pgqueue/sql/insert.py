@@ -12,30 +12,33 @@ from __future__ import annotations
 # which is how the returned rows are matched back to the input. Columns left
 # out take their db_default. Timestamps come back as text: they repeat (one
 # now() per statement), and each distinct one is parsed once.
-_COLUMNS = "(queue, topic, payload, headers, priority, run_at, max_attempts, dedup_key, group_key)"
+_COLUMNS = (
+    "(queue, topic, payload, headers, priority, run_at, max_attempts, dedup_key, group_key,"
+    " partition_key)"
+)
 _FROM_DOCUMENT = """SELECT r->>0, r->>1, r->2, r->3, (r->>4)::smallint,
     COALESCE((r->>5)::timestamptz, now() + make_interval(secs => (r->>6)::float8)),
-    (r->>7)::integer, r->>8, r->>9
+    (r->>7)::integer, r->>8, r->>9, r->>10
 FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS input(r, n)
 ORDER BY n"""
 # Rows that share one Options (the usual enqueue_many: a topic and options
 # given once, a payload per message; validation.validate_many hands them the
 # same Options object) send those once, as parameters, and only their
 # payloads as the JSON array: per row the server then takes one value apart
-# instead of ten and computes no run_at of its own, and the client writes
+# instead of eleven and computes no run_at of its own, and the client writes
 # only the payloads. A quarter less server CPU for a chunk of 1,000 than the
 # array of arrays above, which rows that differ still use; unnest() of ten
 # typed arrays, and COPY into a temporary table (for the ON CONFLICT and
 # RETURNING that COPY cannot do), cost about as much as that array
 # (benchmarks/insert_forms.py).
 _FROM_PAYLOADS = """SELECT %s, %s, p, %s::jsonb, %s::smallint,
-    COALESCE(%s::timestamptz, now() + make_interval(secs => %s)), %s::integer, %s, %s
+    COALESCE(%s::timestamptz, now() + make_interval(secs => %s)), %s::integer, %s, %s, %s
 FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS input(p, n)
 ORDER BY n"""
 # One message: plain VALUES, with no JSON document to take apart, is cheaper
 # per call, which is what one-message-per-transaction callers pay.
 _VALUES = """VALUES (%s, %s, %s::jsonb, %s::jsonb, %s,
-    COALESCE(%s::timestamptz, now() + make_interval(secs => %s)), %s, %s, %s)"""
+    COALESCE(%s::timestamptz, now() + make_interval(secs => %s)), %s, %s, %s, %s)"""
 _SKIP_DEDUP = """ON CONFLICT (topic, dedup_key)
     WHERE status IN ('waiting', 'blocked', 'processing') AND dedup_key IS NOT NULL DO NOTHING"""
 

@@ -15,10 +15,10 @@ WITH input AS (
 ), inserted AS (
     INSERT INTO django_pgqueue_workflowstep (
         workflow_id, name, state, waiting_for, allow_failed, queue, topic, payload, headers,
-        priority, run_at, delay_seconds, max_attempts, group_key, created_at)
+        priority, run_at, delay_seconds, max_attempts, group_key, partition_key, created_at)
     SELECT %(workflow)s, r->>0, 'held', (r->>1)::integer, (r->>2)::boolean, r->>3, r->>4, r->5,
         r->6, (r->>7)::smallint, (r->>8)::timestamptz, (r->>9)::float8, (r->>10)::integer,
-        r->>11, now()
+        r->>11, r->>12, now()
     FROM input ORDER BY n
     RETURNING id, name, waiting_for
 ), edges AS (

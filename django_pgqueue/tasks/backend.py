@@ -8,7 +8,7 @@ import datetime
 import logging
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 from django.apps import apps
 from django.conf import settings
@@ -40,10 +40,25 @@ class PgQueueTask(Task):
     attempts; ``task_result`` shows the failed attempt (its error last).
     Both default to the backend's OPTIONS, then to the PGQUEUE settings.
     As in django/new-features#142, ``.using()`` does not change them.
+
+    ``partition_key``: the partition of the queue its messages go to (see
+    ``enqueue()``), per task with ``@task(partition_key=...)`` (Django 6.1)
+    or per call with ``.using(partition_key="tenant:42")``; None: the
+    queue's default partition.
     """
 
     max_attempts: int | None = None
     backoff: options.Backoff | None = None
+    partition_key: str | None = None
+
+    def using(self, *, partition_key: str | None = None, **changes: Any) -> PgQueueTask:
+        """``Task.using()``, and ``partition_key`` (None: unchanged, as
+        ``using()`` treats the others)."""
+        # Task.using by name: a slots dataclass has no zero-argument super().
+        task = cast("PgQueueTask", Task.using(self, **changes))
+        if partition_key is None:
+            return task
+        return dataclasses.replace(task, partition_key=partition_key)
 
 
 class PgQueueBackend(BaseTaskBackend):
@@ -89,6 +104,10 @@ class PgQueueBackend(BaseTaskBackend):
         backoff = getattr(task, "backoff", None)
         if backoff is not None and not callable(backoff):
             raise InvalidTask("backoff must be a callable (exception, task_result) -> seconds.")
+        try:
+            validation.check_key("partition_key", getattr(task, "partition_key", None))
+        except InvalidMessage as exc:
+            raise InvalidTask(str(exc)) from None
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
         errors = list(super().check(**kwargs))
@@ -233,6 +252,7 @@ def _task_message(task_result: TaskResult, headers: dict[str, Any]) -> dict[str,
         "queue": task.queue_name,
         "run_at": task.run_after,
         "max_attempts": options.max_attempts(task),
+        "partition_key": getattr(task, "partition_key", None),
     }
 
 

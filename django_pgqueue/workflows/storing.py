@@ -85,7 +85,7 @@ def insert_steps(
 def step_document(step: Step, graph: dict[str, list[str]], new: set[str | None]) -> str:
     """The step as INSERT_STEPS_SQL reads it: [name, waiting_for,
     allow_failed, queue, topic, payload, headers, priority, run_at, delay,
-    max_attempts, group_key]; the payload and headers as the JSON text
+    max_attempts, group_key, partition_key]; the payload and headers as the JSON text
     they were validated as. It waits for the steps of ``new`` it follows
     (the others have ended)."""
     o, row = step.row.options, step.row
@@ -95,7 +95,7 @@ def step_document(step: Step, graph: dict[str, list[str]], new: set[str | None])
         f"[{json.dumps(step.name)},{waiting_for},{'true' if step.allow_failed else 'false'},"
         f"{json.dumps(o.queue)},{json.dumps(o.topic)},{row.payload_json},{o.headers_json},"
         f"{o.priority},{json.dumps(run_at)},{o.delay_seconds!r},{json.dumps(o.max_attempts)},"
-        f"{json.dumps(o.group_key)}]"
+        f"{json.dumps(o.group_key)},{json.dumps(o.partition_key)}]"
     )
 
 
