@@ -191,7 +191,7 @@ def test_the_one_message_insert_is_prepared_and_stores_every_option_the_same():
     variants = [
         dict(),
         dict(run_at=at, priority=-100, max_attempts=2147483647, dedup_key="k", group_key="g"),
-        dict(delay=1.5, priority=100, queue="q", headers={"h": ["x", None]}),
+        dict(delay=1.5, priority=100, queue="q", headers={"h": ["x", None]}, partition_key="p"),
         dict(delay=datetime.timedelta(minutes=2), max_attempts=1),
     ]
     for number in range(7):  # past psycopg's prepare_threshold (5)
@@ -204,10 +204,11 @@ def test_the_one_message_insert_is_prepared_and_stores_every_option_the_same():
                 options.get("priority", 0),
                 options.get("queue", "default"),
             )
-            assert (row.max_attempts, row.dedup_key, row.group_key) == (
+            assert (row.max_attempts, row.dedup_key, row.group_key, row.partition_key) == (
                 options.get("max_attempts"),
                 dedup.get("dedup_key"),
                 options.get("group_key"),
+                options.get("partition_key"),
             )
             assert row.headers == options.get("headers", {})
             assert message.run_at == row.run_at and message.created_at == row.created_at
