@@ -34,6 +34,8 @@ LONG_TOPIC = "very.long." + "x" * 150
 
 # A queue that is not paused and has no limits (pgqueue_queues).
 RUNNING = {"paused": False, "concurrency": None, "rate": None}
+# A queue none of whose messages has a partition_key.
+NO_PARTITIONS = {"partitions": None}
 
 
 def ago(seconds):
@@ -211,6 +213,7 @@ def test_json_report_has_every_count_age_and_worker(rows):
             "processing": 0,
             "workers_alive": 1,
             **RUNNING,
+            **NO_PARTITIONS,
             "topics": {
                 "orders.created": {"ready": 2, "delayed": 1, "blocked": 0, "processing": 0},
                 LONG_TOPIC: {"ready": 1, "delayed": 0, "blocked": 0, "processing": 0},
@@ -223,9 +226,10 @@ def test_json_report_has_every_count_age_and_worker(rows):
             "processing": 1,
             "workers_alive": 1,
             **RUNNING,
+            **NO_PARTITIONS,
             "topics": {"mail.send": {"ready": 1, "delayed": 0, "blocked": 0, "processing": 1}},
         },
-        "reports": {**zero, "workers_alive": 0, **RUNNING, "topics": {}},
+        "reports": {**zero, "workers_alive": 0, **RUNNING, **NO_PARTITIONS, "topics": {}},
         "legacy": {
             "ready": 1,
             "delayed": 0,
@@ -233,6 +237,7 @@ def test_json_report_has_every_count_age_and_worker(rows):
             "processing": 0,
             "workers_alive": 0,
             **RUNNING,
+            **NO_PARTITIONS,
             "topics": {"orders.created": {"ready": 1, "delayed": 0, "blocked": 0, "processing": 0}},
         },
     }
@@ -304,6 +309,7 @@ def test_an_empty_database_shows_the_default_queue_with_zeros():
                 "oldest_ready_age_seconds": 0.0,
                 "workers_alive": 0,
                 **RUNNING,
+                **NO_PARTITIONS,
                 "topics": {},
             }
         },
@@ -331,6 +337,7 @@ def test_queue_option_limits_queues_dead_letters_and_workers(rows):
         "oldest_ready_age_seconds": 0.0,
         "workers_alive": 0,
         **RUNNING,
+        **NO_PARTITIONS,
         "topics": {},
     }
     assert [(d["topic"], d["state"]) for d in report["dead_letters"]] == [

@@ -1,6 +1,7 @@
 """The queues at a glance, for the admin's Queues page and ``pgqueue_queues
 list``: per queue what it holds (ready, delayed, blocked, processing, the
-oldest ready message's age, new dead letters) and its run-time state
+oldest ready message's age, new dead letters, its busiest partitions) and
+its run-time state
 (paused, the limits that hold and where they come from). Read only, a few
 aggregate queries (``stats``, ``controls``)."""
 
@@ -35,6 +36,8 @@ class QueueRow:
     changed_by: str = ""
     limits: conf.Limits = conf.NO_LIMITS
     limits_from: str = ""  # FROM_SETTINGS, FROM_RUN_TIME, or "" (none)
+    # Its messages' partitions (partition_key); None: none has one.
+    partitions: stats.Partitions | None = None
 
     @property
     def ready(self) -> int:
@@ -66,6 +69,7 @@ class QueueRow:
             "concurrency": self.limits.concurrency,
             "rate": None if self.limits.rate is None else str(self.limits.rate),
             "limits_from": self.limits_from or None,
+            "partitions": None if self.partitions is None else self.partitions.as_json(),
         }
 
 
@@ -77,6 +81,7 @@ def overview(now: datetime.datetime | None = None) -> list[QueueRow]:
     messages = stats.messages_by_queue_topic_state(now=now)
     ages = stats.oldest_ready_age(now=now)
     dead = stats.dead_letters_by_queue(DeadLetterState.NEW)
+    partitions = stats.partitions_by_queue(now=now)
     states = controls.states()
     configured = conf.queues()
     others = ({row[0] for row in messages} | set(dead) | set(states)) - set(configured)
@@ -86,6 +91,7 @@ def overview(now: datetime.datetime | None = None) -> list[QueueRow]:
     for name, row in rows.items():
         row.oldest_ready_age = ages.get(name)
         row.dead_letters = dead.get(name, 0)
+        row.partitions = partitions.get(name)
         _state_of(row, states.get(name))
     return list(rows.values())
 

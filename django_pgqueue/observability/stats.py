@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
+from django.db import connections
 from django.db.models import BooleanField, Case, Count, ExpressionWrapper, Min, Q, Value, When
 from django.db.models.functions import Now
 from django.utils import timezone
@@ -104,6 +106,78 @@ def messages_by_queue_topic_state(
         .order_by("queue", "topic", "state")
     )
     return [(row["queue"], row["topic"], row["state"], row["count"]) for row in rows]
+
+
+# The partitions shown per queue, busiest first (no metric has a label
+# per partition: their number has no bound).
+TOP_PARTITIONS = 5
+
+PARTITIONS_SQL = """
+WITH counts AS (
+    SELECT queue, partition_key,
+        count(*) FILTER (WHERE status = 'waiting' AND run_at <= %(now)s) AS ready,
+        count(*) FILTER (WHERE status = 'processing') AS running
+    FROM {table}
+    WHERE partition_key IS NOT NULL AND status IN ('waiting', 'processing')
+    GROUP BY queue, partition_key
+), ranked AS (
+    SELECT *,
+        count(*) FILTER (WHERE ready > 0) OVER (PARTITION BY queue) AS ready_partitions,
+        row_number() OVER (PARTITION BY queue ORDER BY ready DESC, partition_key) AS by_ready,
+        row_number() OVER (PARTITION BY queue ORDER BY running DESC, partition_key) AS by_running
+    FROM counts
+)
+SELECT queue, partition_key, ready, running, ready_partitions, by_ready, by_running
+FROM ranked
+WHERE (by_ready <= %(top)s AND ready > 0) OR (by_running <= %(top)s AND running > 0)
+   OR (by_ready = 1)
+ORDER BY queue, partition_key
+"""
+
+
+@dataclass
+class Partitions:
+    """A queue's partitions (its messages' ``partition_key``): how many have
+    ready messages, and the busiest by ready and by running messages, as
+    ``[(partition_key, count), ...]``, most first."""
+
+    ready: int = 0
+    top_ready: list[tuple[str, int]] = field(default_factory=list)
+    top_running: list[tuple[str, int]] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "ready": self.ready,
+            "top_ready": [{"partition": key, "count": n} for key, n in self.top_ready],
+            "top_running": [{"partition": key, "count": n} for key, n in self.top_running],
+        }
+
+
+def partitions_by_queue(
+    now: datetime.datetime | None = None, top: int = TOP_PARTITIONS
+) -> dict[str, Partitions]:
+    """``{queue: Partitions}`` for each queue that holds ready or running
+    messages with a ``partition_key`` (the others, and the messages without
+    one, are not partitions here): one pass over those messages."""
+    now = now or timezone.now()
+    using = conf.database_alias()
+    found: dict[str, Partitions] = {}
+    by_ready: dict[str, list[tuple[int, str, int]]] = {}
+    by_running: dict[str, list[tuple[int, str, int]]] = {}
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            PARTITIONS_SQL.format(table=Message._meta.db_table), {"now": now, "top": top}
+        )
+        for queue, key, ready, running, ready_partitions, rank_ready, rank_running in cursor:
+            found.setdefault(queue, Partitions(ready=ready_partitions))
+            if ready and rank_ready <= top:
+                by_ready.setdefault(queue, []).append((rank_ready, key, ready))
+            if running and rank_running <= top:
+                by_running.setdefault(queue, []).append((rank_running, key, running))
+    for queue, partitions in found.items():
+        partitions.top_ready = [(key, n) for _, key, n in sorted(by_ready.get(queue, []))]
+        partitions.top_running = [(key, n) for _, key, n in sorted(by_running.get(queue, []))]
+    return found
 
 
 def dead_letters_by_topic_category_state(

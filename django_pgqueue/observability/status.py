@@ -23,6 +23,7 @@ def report(selected: list[str] | None) -> dict[str, Any]:
     now = timezone.now()  # one instant for the ready/delayed split and the ages
     messages = stats.messages_by_queue_topic_state(now=now)
     ages = stats.oldest_ready_age(now=now)
+    partitions = stats.partitions_by_queue(now=now)
     workers = stats.workers()
     dead_letters = stats.dead_letters_by_topic_category_state(selected)
     subscriptions = stats.subscriptions_with_lag()  # streams have no queue: never --queue'd
@@ -47,6 +48,7 @@ def report(selected: list[str] | None) -> dict[str, Any]:
             "oldest_ready_age_seconds": round(ages.get(name, 0.0), 3),
             "workers_alive": alive.get(name, 0),
             **_controls(name, queue_states.get(name)),
+            "partitions": partitions[name].as_json() if name in partitions else None,
             "topics": {},
         }
         for name in names

@@ -156,6 +156,8 @@ def _text(report: dict[str, Any]) -> list[str]:
         counts = [queue[state] for state in STATES]
         oldest = age(queue["oldest_ready_age_seconds"])
         lines.append(QUEUE_COLUMNS.row([name, *counts, oldest, queue["workers_alive"]]))
+        if queue["partitions"] is not None:
+            lines.append("  " + _partitions_line(queue["partitions"]))
         for topic, topic_counts in queue["topics"].items():
             lines.append(QUEUE_COLUMNS.row(["  " + topic, *(topic_counts[s] for s in STATES)]))
     lines += ["", "Dead letters", *_dead_letter_lines(report["dead_letters"])]
@@ -181,6 +183,18 @@ def _text(report: dict[str, Any]) -> list[str]:
     lines += ["", "History", _history_line(report["history"])]
     workflows = ", ".join(f"{status} {n}" for status, n in report["workflows"].items())
     return [*lines, "", "Workflows", workflows]
+
+
+def _partitions_line(partitions: dict[str, Any]) -> str:
+    """A queue's partitions: how many have ready messages, and the busiest."""
+
+    def busiest(rows: list[dict[str, Any]]) -> str:
+        return ", ".join(f"{row['partition']} ({row['count']})" for row in rows) or "none"
+
+    return (
+        f"partitions: {partitions['ready']} with ready messages; most ready: "
+        f"{busiest(partitions['top_ready'])}; most running: {busiest(partitions['top_running'])}"
+    )
 
 
 def _history_line(history: dict[str, Any]) -> str:
