@@ -89,7 +89,11 @@ def enqueue(
 
     ``partition_key`` (a non-empty string of at most 255 characters, e.g.
     ``"tenant:42"``) puts the message in that partition of its queue;
-    without one it is in the queue's default partition.
+    without one it is in the queue's default partition. The key is kept
+    with the message, its dead letter and its revival, and shown per queue
+    by ``pgqueue_status`` and the Queues page; claims do not read it yet
+    (a fair order between partitions and per-partition limits come with
+    the rest of issue 38).
     """
 
     def insert(headers: dict[str, Any] | None) -> Message:
