@@ -79,6 +79,7 @@ def queue_list(value):
     if not items:
         raise argparse.ArgumentTypeError("give at least one queue name")
     weights: dict[str, int] = {}
+    weighted = False
     for item in items:
         name, has_weight, weight = (part.strip() for part in item.partition("="))
         name = queue_name(name)
@@ -86,13 +87,12 @@ def queue_list(value):
             raise argparse.ArgumentTypeError(f"names the queue {name!r} twice")
         weights[name] = 1
         if has_weight:
+            weighted = True
             try:
                 weights[name] = _whole_number(weight, 1, "at least 1", WEIGHT_MAX)
             except argparse.ArgumentTypeError as exc:
                 raise argparse.ArgumentTypeError(f"queue {name!r}: weight {exc}") from None
-    if not any("=" in item for item in items):
-        return list(weights)
-    return weights
+    return weights if weighted else list(weights)
 
 
 # --- numbers ----------------------------------------------------------------------------
