@@ -28,6 +28,7 @@ from django_pgqueue.exceptions import InvalidMessage
 from django_pgqueue.fields import timestamp_from_text
 from django_pgqueue.models import UNFINISHED, Message, Status
 from django_pgqueue.sql.insert import (
+    FAIR_INSERTS,
     INSERT_NO_DEDUP_SQL,
     INSERT_ONE_NO_DEDUP_SQL,
     INSERT_ONE_PLAIN_SQL,
@@ -202,7 +203,10 @@ def _enqueue_one(row: Row, using: str | None) -> Message:
         )
     else:
         template = INSERT_ONE_SQL if o.dedup_key is not None else INSERT_ONE_NO_DEDUP_SQL
-        cursor.execute(_one_sql(connection, template), _insert_values(row))
+        params = _insert_values(row)
+        if o.partition_key is not None:
+            template, params = FAIR_INSERTS[template], [_unfair(), *params]
+        cursor.execute(_one_sql(connection, template), params)
     returned = cursor.fetchone()
     if returned is None:  # an unfinished message holds the dedup_key
         _insert([message], [row], queue_alias, first_skipped=[0])
@@ -325,24 +329,33 @@ def _send_insert(
     """Execute the INSERT of ``rows``; returns (its cursor, whether it skips
     dedup conflicts). In pipeline mode the rows come back later."""
     dedup = any(row.options.dedup_key is not None for row in rows)
+    keyed = any(row.options.partition_key is not None for row in rows)
     table = connection.ops.quote_name(Message._meta.db_table)
     cursor: CursorWrapper
     if len(rows) == 1:
         # The statement one-message-per-transaction callers repeat: prepared.
-        sql = _one_sql(connection, INSERT_ONE_SQL if dedup else INSERT_ONE_NO_DEDUP_SQL)
+        template = INSERT_ONE_SQL if dedup else INSERT_ONE_NO_DEDUP_SQL
         params = _insert_values(rows[0])
         cursor = prepared_cursor(connection)
     else:
         shared = rows[0].options
         if all(row.options is shared for row in rows):
-            sql = (INSERT_SHARED_SQL if dedup else INSERT_SHARED_NO_DEDUP_SQL).format(table=table)
+            template = INSERT_SHARED_SQL if dedup else INSERT_SHARED_NO_DEDUP_SQL
             params = [*_option_values(shared), payloads_json(rows)]
         else:
-            sql = (INSERT_SQL if dedup else INSERT_NO_DEDUP_SQL).format(table=table)
+            template = INSERT_SQL if dedup else INSERT_NO_DEDUP_SQL
             params = [rows_json(rows)]
         cursor = connection.cursor()
+    if keyed:
+        template, params = FAIR_INSERTS[template], [_unfair(), *params]
+    sql = _one_sql(connection, template) if len(rows) == 1 else template.format(table=table)
     cursor.execute(sql, params)
     return cursor, dedup
+
+
+def _unfair() -> list[str]:
+    """The queues with "fair": False, as the fair INSERTs' first parameter."""
+    return sorted(conf.unfair_queues())
 
 
 def _insert_values(row: Row) -> list[Any]:
@@ -405,7 +418,7 @@ def _unsaved(row: Row) -> Message:
     values = (  # in _FIELDS order
         None, o.queue, o.topic, row.payload, row.headers, Status.WAITING, o.priority, o.run_at,
         0, o.max_attempts, None, "", None, o.dedup_key, o.group_key, "", "", None, None, None,
-        None, None, o.partition_key,
+        None, None, o.partition_key, None,
     )  # fmt: skip
     message = Message.from_db(None, _FIELDS, values)
     message._state.adding = True
@@ -419,6 +432,7 @@ _FIELDS = (
     *("attempts", "max_attempts", "lease_expires_at", "locked_by", "lease_token"),
     *("dedup_key", "group_key", "last_error", "last_error_category", "first_failed_at"),
     *("created_at", "updated_at", "cancel_requested_at", "workflow_step_id", "partition_key"),
+    "fair_tag",
 )
 if _FIELDS != tuple(field.attname for field in Message._meta.concrete_fields):
     raise RuntimeError("enqueuing._FIELDS must list Message's concrete fields in their order")

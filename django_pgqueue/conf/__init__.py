@@ -34,6 +34,7 @@ from django_pgqueue.conf.limits import (
     Rate,
     concurrency_problem,
     configured_limits,
+    configured_unfair,
     configured_weights,
     parse_rate,
     rate_problem,
@@ -71,6 +72,7 @@ __all__ = [
     "alias_problem",
     "concurrency_problem",
     "configured_limits",
+    "configured_unfair",
     "configured_weights",
     "database_alias",
     "get",
@@ -81,6 +83,7 @@ __all__ = [
     "name_problem",
     "parse_rate",
     "queue_limits",
+    "unfair_queues",
     "queues",
     "rate_problem",
     "weight_problem",
@@ -117,6 +120,12 @@ def queue_limits() -> dict[str, Limits]:
     """{queue: Limits} of the queues PGQUEUE["QUEUES"] gives limits (its dict
     form); the run-time overrides are ``controls``'."""
     return configured_limits(get("QUEUES"))
+
+
+def unfair_queues() -> frozenset[str]:
+    """The queues that PGQUEUE["QUEUES"] gives "fair": False: claimed in
+    strict order, without the rotation between their partitions."""
+    return configured_unfair(get("QUEUES"))
 
 
 def queue_weights() -> dict[str, int]:

@@ -14,6 +14,17 @@ The list form (``["default", "emails"]``) names queues without limits.
 A queue's entry may also give it a ``weight`` (a whole number, 1 by
 default when another queue has one): not a limit, but its share of the
 claims of a worker that serves it beside others (``QueueShares``).
+
+Limits of each partition of the queue (its messages of one
+``partition_key``; those without one share the default partition) go
+under ``"partition"``, and ``"fair": False`` turns off the claim's
+rotation between partitions (strict priority, run_at, id order):
+
+    PGQUEUE = {"QUEUES": {
+        "reports": {"concurrency": 20, "partition": {"concurrency": 2}},
+        "webhooks": {"partition": {"rate": "30/m"}},
+        "ledger": {"fair": False},
+    }}
 """
 
 from __future__ import annotations
@@ -29,7 +40,7 @@ RATE_PERIODS = {"s": 1, "m": 60, "h": 3600}
 LONGEST_PERIOD = max(RATE_PERIODS.values())
 CONCURRENCY_MAX = 1_000_000
 LIMIT_KEYS = ("concurrency", "rate")
-QUEUE_KEYS = (*LIMIT_KEYS, "weight")
+QUEUE_KEYS = (*LIMIT_KEYS, "partition", "fair", "weight")
 WEIGHT_MAX = 1000
 
 
@@ -47,13 +58,28 @@ class Rate:
 
 @dataclass(frozen=True)
 class Limits:
-    """A queue's limits; None: no limit of that kind."""
+    """A queue's limits; None: no limit of that kind. ``partition``: the
+    limits of each of its partitions (the settings' ``"partition"``);
+    ``named_partitions``: some of its partitions have limits of their own
+    (``models.PartitionLimit``, which the claim reads)."""
 
     concurrency: int | None = None
     rate: Rate | None = None
+    partition: Limits | None = None
+    named_partitions: bool = False
 
     def __bool__(self) -> bool:
-        return self.concurrency is not None or self.rate is not None
+        return (
+            self.concurrency is not None
+            or self.rate is not None
+            or self.partition is not None
+            or self.named_partitions
+        )
+
+    @property
+    def partitioned(self) -> bool:
+        """Whether its claim counts per partition."""
+        return self.partition is not None or self.named_partitions
 
     def __str__(self) -> str:
         parts = []
@@ -61,6 +87,8 @@ class Limits:
             parts.append(f"concurrency {self.concurrency}")
         if self.rate is not None:
             parts.append(f"rate {self.rate}")
+        if self.partition is not None:
+            parts.append(f"each partition {self.partition}")
         return ", ".join(parts) or "none"
 
 
@@ -99,7 +127,36 @@ def weight_problem(value: object) -> str | None:
     return f"must be a whole number from 1 to {WEIGHT_MAX}"
 
 
-_PROBLEMS = {"concurrency": concurrency_problem, "rate": rate_problem, "weight": weight_problem}
+def fair_problem(value: object) -> str | None:
+    """Why ``value`` is not a queue's "fair" flag, or None."""
+    if isinstance(value, bool):
+        return None
+    return "must be True (the default: a rotation between partitions) or False (strict order)"
+
+
+def partition_limits_problem(value: object) -> str | None:
+    """Why ``value`` (a queue's "partition" entry) is not a dict of the
+    limits of each partition, or None."""
+    if not isinstance(value, dict):
+        return "must be a dict of the limits of each partition ({} or None for none)"
+    for key, limit in value.items():
+        if key not in LIMIT_KEYS:
+            return f"has an unknown limit {key!r} (known: {', '.join(LIMIT_KEYS)})"
+        if limit is None:
+            continue
+        problem = _PROBLEMS[key](limit)
+        if problem:
+            return f"{key} {problem}"
+    return None
+
+
+_PROBLEMS = {
+    "concurrency": concurrency_problem,
+    "rate": rate_problem,
+    "partition": partition_limits_problem,
+    "fair": fair_problem,
+    "weight": weight_problem,
+}
 
 
 def limits_problem(value: object) -> str | None:
@@ -124,7 +181,23 @@ def limits_of(value: dict[str, Any]) -> Limits:
     """A queue's entry in the dict form of QUEUES as Limits (validated by
     the checks: ``limits_problem``)."""
     rate = value.get("rate")
-    return Limits(value.get("concurrency"), None if rate is None else parse_rate(rate))
+    partition = value.get("partition") or {}
+    partition_rate = partition.get("rate")
+    each = Limits(
+        partition.get("concurrency"), None if partition_rate is None else parse_rate(partition_rate)
+    )
+    return Limits(
+        value.get("concurrency"),
+        None if rate is None else parse_rate(rate),
+        partition=each if each else None,
+    )
+
+
+def configured_unfair(queues: object) -> frozenset[str]:
+    """The queues that the setting QUEUES (``queues``) gives "fair": False."""
+    if not isinstance(queues, dict):
+        return frozenset()
+    return frozenset(name for name, value in queues.items() if (value or {}).get("fair") is False)
 
 
 def configured_limits(queues: object) -> dict[str, Limits]:

@@ -107,6 +107,7 @@ def ack_and_claim_rows(
     groups_left = 0
     limited: dict[str, LimitState] = {}
     pending = list(acks)
+    unfair = conf.unfair_queues()
 
     def claim_from(name: str, size: int) -> list[tuple[Any, ...]]:
         """Up to ``size`` messages of queue ``name``, in claim order (the
@@ -124,10 +125,13 @@ def ack_and_claim_rows(
                 async_commit=async_commit,
                 few_ready=few_ready,
                 token=token,
+                fair=name not in unfair,
             )
             claim_statements = [statement]
         else:
             rate = queue_limits.rate
+            each = queue_limits.partition
+            each_rate = None if each is None else each.rate
             claim_statements, claim_params = limited_sql.limited_claim_statements(
                 using,
                 name,
@@ -139,6 +143,11 @@ def ack_and_claim_rows(
                 lease_seconds,
                 async_commit=async_commit,
                 token=token,
+                fair=name not in unfair,
+                partitioned=queue_limits.partitioned,
+                partition_concurrency=None if each is None else each.concurrency,
+                partition_rate=None if each_rate is None else (each_rate.count, each_rate.seconds),
+                partition_starts=each_rate is not None or queue_limits.named_partitions,
             )
         # No LOCK_TIMEOUT or STATEMENT_TIMEOUT here: the claim and these
         # acknowledgements never wait for a row lock (SKIP LOCKED) and read

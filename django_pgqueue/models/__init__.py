@@ -8,7 +8,8 @@ here (``django_pgqueue.models.Message``), as Django and the migrations expect.
 - ``alerts``: the suppression of dead-letter alerts (``AlertState``);
 - ``tasks``: the ``django.tasks`` records (``TaskRecord``);
 - ``queues``: the queues' run-time state and the starts of rate-limited
-  ones (``QueueState``, ``QueueStart``);
+  ones, and the same for named partitions (``QueueState``, ``QueueStart``,
+  ``PartitionLimit``, ``PartitionStart``);
 - ``streams``: the ordered streams (``StreamEvent``, ``Subscription``);
 - ``schedules``: the periodic schedules' tick ledger and run-time state
   (``Schedule``, ``ScheduleTick``);
@@ -24,7 +25,7 @@ from django_pgqueue.models.deadletters import DeadLetter, DeadLetterState
 from django_pgqueue.models.groups import GroupRelease
 from django_pgqueue.models.history import FinishedMessage, Outcome, OutcomeCount
 from django_pgqueue.models.messages import GROUP_HEAD, UNFINISHED, Category, Message, Status
-from django_pgqueue.models.queues import QueueStart, QueueState
+from django_pgqueue.models.queues import PartitionLimit, PartitionStart, QueueStart, QueueState
 from django_pgqueue.models.schedules import Schedule, ScheduleTick
 from django_pgqueue.models.streams import StreamEvent, Subscription, SubscriptionState
 from django_pgqueue.models.tasks import TaskRecord, TaskStatus
@@ -49,6 +50,8 @@ __all__ = [
     "Message",
     "Outcome",
     "OutcomeCount",
+    "PartitionLimit",
+    "PartitionStart",
     "QueueStart",
     "QueueState",
     "Schedule",

@@ -98,6 +98,13 @@ class Message(models.Model):
     # one share the queue's default partition. Last, so the columns before
     # it keep their positions (migration 0019).
     partition_key = models.CharField(max_length=conf.KEY_MAX_LENGTH, null=True, blank=True)
+    # The round of the fair claim a waiting message with a partition key is
+    # in (sql.claim): its partition's previous round + 1, or the queue's
+    # current round if that is later, given by enqueue() to a message due
+    # at once. NULL on every other row: messages without a key, and keyed
+    # ones that became ready later (a delay, a retry, a release, plain SQL;
+    # the claim ranks those as it reads them). The claim clears it.
+    fair_tag = models.BigIntegerField(null=True, blank=True, editable=False)
 
     # Not a column: in a workflow step's handler, the worker sets it to the
     # handle on the step's workflow (django_pgqueue.workflows.WorkflowRun);
@@ -112,12 +119,35 @@ class Message(models.Model):
 
     class Meta:
         indexes = [
-            # Exactly the claimable rows, in claim order: the claim reads the
-            # head of this index, whatever else the table holds.
+            # Exactly the claimable rows of the queue's default partition (no
+            # key), in claim order: the claim reads the head of this index,
+            # whatever else the table holds. The keyed rows are in the next
+            # two, so that neither stream walks past the other's rows.
             models.Index(
                 fields=["queue", "-priority", "run_at", "id"],
-                condition=Q(status=Status.WAITING),
+                condition=Q(status=Status.WAITING, partition_key__isnull=True),
                 name="pgqueue_msg_claim_idx",
+            ),
+            # Keyed rows with a round, in the fair claim's order (round by
+            # round, oldest first within one).
+            models.Index(
+                fields=["queue", "-priority", "fair_tag", "id"],
+                condition=Q(status=Status.WAITING, fair_tag__isnull=False),
+                name="pgqueue_msg_fair_idx",
+            ),
+            # Keyed rows without a round, in claim order.
+            models.Index(
+                fields=["queue", "-priority", "run_at", "id"],
+                condition=Q(
+                    status=Status.WAITING, partition_key__isnull=False, fair_tag__isnull=True
+                ),
+                name="pgqueue_msg_keyed_idx",
+            ),
+            # A partition's last round: where enqueue() puts its next message.
+            models.Index(
+                fields=["queue", "partition_key", "fair_tag"],
+                condition=Q(status=Status.WAITING, fair_tag__isnull=False),
+                name="pgqueue_msg_round_idx",
             ),
             # Waiting rows by due time: the next run_at a worker sleeps until,
             # and the claim's way in when most waiting rows are delayed.

@@ -1,7 +1,9 @@
 """The run-time state of the queues: paused or not, and limits that override
 ``PGQUEUE["QUEUES"]`` (``QueueState``); the starts of rate-limited queues
-(``QueueStart``). Changed only through ``django_pgqueue.controls`` (and the
-limited claim, for the starts)."""
+(``QueueStart``); limits of named partitions that override the queue's
+``"partition"`` settings (``PartitionLimit``) and the starts of partitions
+with a rate (``PartitionStart``). Changed only through
+``django_pgqueue.controls`` (and the limited claim, for the starts)."""
 
 from __future__ import annotations
 
@@ -70,3 +72,56 @@ class QueueStart(models.Model):
 
     def __str__(self) -> str:
         return f"{self.count} of {self.queue} at {self.started_at}"
+
+
+class PartitionLimit(models.Model):
+    """The limits of one named partition of a queue, in place of those the
+    queue's ``"partition"`` settings give every partition (a paying
+    tenant's higher rate). Empty: no limit of that kind. The partition ""
+    is the queue's default one (messages without a key)."""
+
+    queue = models.CharField(max_length=conf.QUEUE_MAX_LENGTH)
+    partition_key = models.CharField(max_length=conf.KEY_MAX_LENGTH, blank=True)
+    concurrency = models.IntegerField(null=True, blank=True)
+    rate = models.CharField(max_length=16, db_default="", blank=True)
+    changed_by = models.CharField(max_length=150, db_default="", blank=True)
+    updated_at = DateTimeField(db_default=Now())
+
+    class Meta:
+        verbose_name = "partition limit"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["queue", "partition_key"], name="pgqueue_partition_limit_uniq"
+            ),
+            models.CheckConstraint(
+                condition=Q(concurrency__isnull=True)
+                | Q(concurrency__gte=1, concurrency__lte=CONCURRENCY_MAX),
+                name="pgqueue_partition_concurrency_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(rate="") | Q(rate__regex=r"^[1-9][0-9]{0,8}/[smh]$"),
+                name="pgqueue_partition_rate_format",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue}: {self.partition_key or '(default partition)'}"
+
+
+class PartitionStart(models.Model):
+    """How many messages of one partition of a queue one claim started, and
+    when (a queue whose partitions have a rate): as QueueStart, per
+    partition ("": the default partition)."""
+
+    id = models.BigAutoField(primary_key=True)
+    queue = models.CharField(max_length=conf.QUEUE_MAX_LENGTH)
+    partition_key = models.CharField(max_length=conf.KEY_MAX_LENGTH, blank=True)
+    started_at = DateTimeField()
+    count = models.IntegerField()
+
+    class Meta:
+        verbose_name = "partition start"
+        indexes = [models.Index(fields=["queue", "started_at"], name="pgqueue_pstart_window_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.count} of {self.queue}/{self.partition_key} at {self.started_at}"

@@ -32,8 +32,9 @@ from django_pgqueue.sql import table
 # statement, not SET LOCAL before it, keeps the claim one statement, which
 # can be prepared.)
 #
-# The subquery picks the rows in claim order with FOR UPDATE SKIP LOCKED:
-# concurrent claims never wait for each other and never take the same row.
+# The pick (PICK_SQL, below) reads the rows in claim order with FOR UPDATE
+# SKIP LOCKED: concurrent claims never wait for each other and never take
+# the same row.
 # The UPDATE finds the picked rows again by their physical address (ctid, a
 # Tid Scan of the array the subquery returns), not by id: a join on id looks
 # every row up in the primary key again, a B-tree that gets deeper as the
@@ -57,10 +58,10 @@ from django_pgqueue.sql import table
 # through the due index instead of walking every delayed entry of the claim
 # index (a subquery, as the fixed time needs, hides the value from it).
 #
-# {order}: claim order (priority, run_at, id), which the claim index holds;
-# or, when the caller expects few ready messages (few_ready), oldest first,
-# the due index's order, which holds the ready rows at its head whatever the
-# planner's statistics say.
+# The default partition's stream is read in claim order (priority, run_at,
+# id), which the claim index holds; or, when the caller expects few ready
+# messages (few_ready), oldest first, the due index's order, which holds the
+# ready rows at its head whatever the planner's statistics say.
 #
 # {limit}: bound (%s, after the queue) so that one text serves every size:
 # it is prepared once and can run with the generic plan, where a text per
@@ -76,24 +77,117 @@ from django_pgqueue.sql import table
 # attempt count stops at the integer's maximum (one such row must not fail
 # every claim of its queue), and a run_at of '-infinity' becomes the claim's
 # time (Python has no datetime for it).
-# What a claim sets on the rows it leases (parameters: the lease token, its
-# seconds, the worker), here and in the claim of a queue with limits (limited).
+
+# What a claim sets on the rows it leases, here and in the claim of a queue
+# with limits (limited): the lease token, its seconds and the worker come
+# from the statement's "clock" (CLAIM_CLOCK: the parameters after the
+# time). A leased message leaves the rotation: its round is cleared, so that
+# a message put back to waiting (a retry, a rescue) rejoins it.
 CLAIM_SET = """SET status = 'processing', attempts = LEAST(m.attempts, 2147483646) + 1,
-    lease_token = %s,
-    lease_expires_at = clock.now + make_interval(secs => %s), locked_by = %s,
-    updated_at = clock.now,
+    lease_token = clock.token,
+    lease_expires_at = clock.now + make_interval(secs => clock.lease), locked_by = clock.worker,
+    updated_at = clock.now, fair_tag = NULL,
     run_at = CASE WHEN isfinite(m.run_at) THEN m.run_at ELSE clock.now END"""
+
+# The pick: the claimable rows of one queue, as up to {window} candidates
+# from each of three streams, each read from the head of its own partial
+# index with FOR UPDATE SKIP LOCKED (models.Message's indexes):
+# - "plain": the default partition (no key), in claim order
+#   (pgqueue_msg_claim_idx). A queue without partitions has only this one;
+#   the two others cost it an empty index descent each.
+# - "tagged": keyed messages with their round (fair_tag, which enqueue()
+#   gives a keyed message due at once: its partition's previous round + 1,
+#   or the queue's current round if later), round by round, oldest first
+#   within one (pgqueue_msg_fair_idx): one message per partition per round.
+# - "untagged": keyed messages that became ready without a round (a delay,
+#   a retry, a release, plain SQL), in claim order (pgqueue_msg_keyed_idx).
+# The current round is the lowest among the tagged candidates. The default
+# partition's candidates take the rounds from it on, one each; an untagged
+# candidate takes its partition's next round (after the partition's last
+# tagged one, pgqueue_msg_round_idx), or the current round on, so that both
+# join the rotation where a new partition would. {order} then ranks them
+# all: by priority, round, id ("fair"), or by priority, run_at, id (a queue
+# with "fair": False, whose keyed messages enqueue() leaves without a round).
+# {plain_filter} and {keyed_filter}: nothing, or (a queue with limits per
+# partition) the exclusion of the partitions without a free slot.
+# Parameters: the queue, [the window,] four times over, in stream order.
+PICK_SQL = """
+plain AS MATERIALIZED (
+    SELECT ctid, priority, run_at, id FROM {table}
+    WHERE queue = %s AND status = 'waiting' AND partition_key IS NULL
+        AND run_at <= {ready_until}{plain_filter}
+    ORDER BY {plain_order} LIMIT {window} FOR UPDATE SKIP LOCKED),
+tagged AS MATERIALIZED (
+    SELECT ctid, priority, run_at, id, partition_key, fair_tag FROM {table}
+    WHERE queue = %s AND status = 'waiting' AND fair_tag IS NOT NULL
+        AND run_at <= {ready_until}{keyed_filter}
+    ORDER BY priority DESC, fair_tag, id LIMIT {window} FOR UPDATE SKIP LOCKED),
+untagged AS MATERIALIZED (
+    SELECT ctid, priority, run_at, id, partition_key FROM {table}
+    WHERE queue = %s AND status = 'waiting' AND partition_key IS NOT NULL AND fair_tag IS NULL
+        AND run_at <= {ready_until}{keyed_filter}
+    ORDER BY priority DESC, run_at, id LIMIT {window} FOR UPDATE SKIP LOCKED),
+round AS (SELECT COALESCE(min(fair_tag), 0) AS tag FROM tagged),
+candidates AS (
+    SELECT p.ctid, p.priority, p.run_at, p.id, NULL::varchar AS partition_key,
+        r.tag + row_number() OVER (ORDER BY p.priority DESC, p.run_at, p.id) - 1 AS tag
+    FROM plain AS p, round AS r
+    UNION ALL
+    SELECT ctid, priority, run_at, id, partition_key, fair_tag FROM tagged
+    UNION ALL
+    SELECT u.ctid, u.priority, u.run_at, u.id, u.partition_key,
+        GREATEST(last.tag + 1, r.tag) - 1 + row_number() OVER (
+            PARTITION BY u.partition_key ORDER BY u.priority DESC, u.run_at, u.id)
+    FROM untagged AS u CROSS JOIN round AS r LEFT JOIN LATERAL (
+        SELECT fair_tag AS tag FROM {table}
+        WHERE queue = %s AND partition_key = u.partition_key AND status = 'waiting'
+            AND fair_tag IS NOT NULL
+        ORDER BY fair_tag DESC LIMIT 1) AS last ON true)"""
+FAIR_ORDER = "priority DESC, tag, id"
+STRICT_ORDER = "priority DESC, run_at, id"
+
+
+def pick_sql(
+    table_name: str,
+    ready_until: str,
+    window: str,
+    *,
+    plain_order: str = "priority DESC, run_at, id",
+    plain_filter: str = "",
+    keyed_filter: str = "",
+) -> str:
+    """PICK_SQL's CTEs (after a WITH that defines ``clock``)."""
+    return PICK_SQL.format(
+        table=table_name,
+        ready_until=ready_until,
+        window=window,
+        plain_order=plain_order,
+        plain_filter=plain_filter,
+        keyed_filter=keyed_filter,
+    )
+
+
+def pick_params(queue: str, window: int | None) -> list[Any]:
+    """PICK_SQL's parameters (``window``: None when written in the text)."""
+    stream = [queue] if window is None else [queue, window]
+    return [*stream, *stream, *stream, queue]
+
+
+# The claim's time ({now}: the database's now(), or statement_timestamp()),
+# its lease token, the lease's seconds and the worker.
+CLAIM_CLOCK = """clock AS (
+    SELECT COALESCE(%s::timestamptz, {now}) AS now, %s::uuid AS token,
+        %s::float8 AS lease, %s::varchar AS worker{async_commit})"""
 CLAIM_SQL = (
     """
-WITH clock AS (SELECT COALESCE(%s::timestamptz, now()) AS now{async_commit})
+WITH """
+    + CLAIM_CLOCK
+    + """,{pick}
 UPDATE {table} AS m """
     + CLAIM_SET
     + """
 FROM clock
-WHERE m.ctid = ANY(ARRAY(
-    SELECT ctid FROM {table}
-    WHERE queue = %s AND status = 'waiting' AND run_at <= {ready_until}
-    ORDER BY {order} LIMIT {limit} FOR UPDATE SKIP LOCKED))
+WHERE m.ctid = ANY(ARRAY(SELECT ctid FROM candidates ORDER BY {order} LIMIT {limit}))
 RETURNING {columns}
 """
 )
@@ -130,27 +224,43 @@ def claim_statement(
     async_commit: bool = False,
     few_ready: bool = False,
     token: uuid.UUID | None = None,
+    fair: bool = True,
 ) -> tuple[str, list[Any]]:
     """The claim's UPDATE for one queue (CLAIM_SQL) and its parameters, under
-    ``token`` (a fresh lease token by default; params[1]). Also for EXPLAIN."""
-    sql = _claim_sql(using, now is not None, async_commit, limit if few_ready else None)
-    params: list[Any] = [now, token or uuid.uuid4(), lease_seconds, worker_id, queue]
+    ``token`` (a fresh lease token by default; params[1]). Also for
+    EXPLAIN. ``fair``: rotate between the queue's partitions (else strict
+    priority, run_at, id order: "fair": False)."""
+    written_limit = limit if few_ready else None
+    sql = _claim_sql(using, now is not None, async_commit, written_limit, fair)
+    window = None if few_ready else limit
+    params: list[Any] = [now, token or uuid.uuid4(), lease_seconds, worker_id]
+    params += pick_params(queue, window)
     if not few_ready:
         params.append(limit)
     return sql, params
 
 
 @functools.lru_cache(maxsize=128)
-def _claim_sql(using: str, fixed_now: bool, async_commit: bool, written_limit: int | None) -> str:
+def _claim_sql(
+    using: str, fixed_now: bool, async_commit: bool, written_limit: int | None, fair: bool
+) -> str:
     """CLAIM_SQL for ``using``; ``written_limit``: a few_ready claim's limit,
     written into the text (else the limit is bound)."""
     connection = connections[using]
+    limit = "%s" if written_limit is None else str(int(written_limit))
+    table_name = table(connection, Message)
     return CLAIM_SQL.format(
+        now="now()",
         async_commit=ASYNC_COMMIT_COLUMN if async_commit else "",
-        table=table(connection, Message),
-        ready_until="(SELECT now FROM clock)" if fixed_now else "statement_timestamp()",
-        order=_CLAIM_ORDER if written_limit is None else _FEW_READY_ORDER,
-        limit="%s" if written_limit is None else str(int(written_limit)),
+        pick=pick_sql(
+            table_name,
+            "(SELECT now FROM clock)" if fixed_now else "statement_timestamp()",
+            limit,
+            plain_order=_CLAIM_ORDER if written_limit is None else _FEW_READY_ORDER,
+        ),
+        table=table_name,
+        order=FAIR_ORDER if fair else STRICT_ORDER,
+        limit=limit,
         columns=claim_columns(connection),
     )
 

@@ -43,16 +43,50 @@ _SKIP_DEDUP = """ON CONFLICT (topic, dedup_key)
     WHERE status IN ('waiting', 'blocked', 'processing') AND dedup_key IS NOT NULL DO NOTHING"""
 
 
-def _insert_sql(source: str, dedup: bool) -> str:
+def _insert_sql(source: str, dedup: bool, fair: bool = False) -> str:
     """The INSERT of ``source`` rows. Without dedup keys no row can be
     skipped: the returned rows are the input rows in order, so neither the
-    ON CONFLICT nor the columns that match rows back are needed."""
+    ON CONFLICT nor the columns that match rows back are needed. ``fair``:
+    rows with a partition key get their round (_FAIR)."""
     if dedup:
         skip, returning = f"{_SKIP_DEDUP}\n", "id, topic, dedup_key, run_at::text, created_at::text"
     else:
         skip, returning = "", "id, run_at::text, created_at::text"
+    if fair:
+        return f"{_FAIR.replace('{source}', source)}\n{skip}RETURNING {returning}"
     return f"INSERT INTO {{table}} {_COLUMNS}\n{source}\n{skip}RETURNING {returning}"
 
+
+# Rows with a partition key (a caller that sends any uses these): a keyed
+# row due at once, outside a group and of a queue without "fair": False
+# (the first parameter: those queues), gets its round in the fair claim
+# (fair_tag, sql.claim.PICK_SQL): its partition's last waiting round + 1,
+# or the queue's current round at its priority (the lowest waiting round)
+# if that is later; the rows of one partition in one statement take the
+# rounds after it, in input order. Two index descents per keyed row
+# (pgqueue_msg_round_idx, pgqueue_msg_fair_idx). Concurrent inserts into one
+# partition may share a round: a tie, broken by id. Every other row has no
+# round: the claim ranks it as it reads it.
+_FAIR = """INSERT INTO {table} (queue, topic, payload, headers, priority, run_at, max_attempts,
+    dedup_key, group_key, partition_key, fair_tag)
+SELECT f.queue, f.topic, f.payload::jsonb, f.headers::jsonb, f.priority::smallint, f.run_at,
+    f.max_attempts::integer, f.dedup_key, f.group_key, f.partition_key,
+    CASE WHEN f.partition_key IS NULL OR f.group_key IS NOT NULL OR f.run_at > now()
+        OR f.queue = ANY(%s::varchar[]) THEN NULL
+    ELSE GREATEST(
+        (SELECT t.fair_tag + 1 FROM {table} AS t
+         WHERE t.queue = f.queue AND t.partition_key = f.partition_key
+            AND t.status = 'waiting' AND t.fair_tag IS NOT NULL
+         ORDER BY t.fair_tag DESC LIMIT 1),
+        (SELECT t.fair_tag FROM {table} AS t
+         WHERE t.queue = f.queue AND t.priority = f.priority::smallint
+            AND t.status = 'waiting' AND t.fair_tag IS NOT NULL
+         ORDER BY t.fair_tag LIMIT 1),
+        0) - 1 + row_number() OVER (PARTITION BY f.queue, f.partition_key ORDER BY f.n) END
+FROM (SELECT s.*, row_number() OVER () AS n
+      FROM ({source}) AS s(queue, topic, payload, headers, priority, run_at, max_attempts,
+        dedup_key, group_key, partition_key)) AS f
+ORDER BY f.n"""
 
 INSERT_SQL = _insert_sql(_FROM_DOCUMENT, dedup=True)
 INSERT_NO_DEDUP_SQL = _insert_sql(_FROM_DOCUMENT, dedup=False)
@@ -60,6 +94,19 @@ INSERT_SHARED_SQL = _insert_sql(_FROM_PAYLOADS, dedup=True)
 INSERT_SHARED_NO_DEDUP_SQL = _insert_sql(_FROM_PAYLOADS, dedup=False)
 INSERT_ONE_SQL = _insert_sql(_VALUES, dedup=True)
 INSERT_ONE_NO_DEDUP_SQL = _insert_sql(_VALUES, dedup=False)
+# The same for rows of which some have a partition key (their first
+# parameter: the queues with "fair": False).
+FAIR_INSERTS = {
+    template: _insert_sql(source, dedup, fair=True)
+    for template, source, dedup in (
+        (INSERT_SQL, _FROM_DOCUMENT, True),
+        (INSERT_NO_DEDUP_SQL, _FROM_DOCUMENT, False),
+        (INSERT_SHARED_SQL, _FROM_PAYLOADS, True),
+        (INSERT_SHARED_NO_DEDUP_SQL, _FROM_PAYLOADS, False),
+        (INSERT_ONE_SQL, _VALUES, True),
+        (INSERT_ONE_NO_DEDUP_SQL, _VALUES, False),
+    )
+}
 # One message with every option at its default (the usual ``enqueue(topic,
 # payload)``): three parameters, the other columns their db_default, run_at
 # now() as _VALUES computes it for no delay. Fewer values for the client to

@@ -6,7 +6,13 @@ from __future__ import annotations
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from django_pgqueue.models import GroupRelease, Message, QueueState, WorkerHeartbeat
+from django_pgqueue.models import (
+    GroupRelease,
+    Message,
+    PartitionLimit,
+    QueueState,
+    WorkerHeartbeat,
+)
 from django_pgqueue.sql import table
 
 # An idle worker's poll, in one round trip: the database's clock, the next
@@ -19,8 +25,9 @@ from django_pgqueue.sql import table
 # LATERAL join per queue). A row written by another client may hold
 # 'infinity' or '-infinity', which Python cannot load: the first reads as
 # "never" (NULL), the second as "now". Last, a fingerprint of the queues'
-# run-time state (models.QueueState: paused queues, limits): the fallback
-# of its NOTIFY, read again only when the fingerprint changed.
+# run-time state (models.QueueState: paused queues, limits; and
+# models.PartitionLimit, the limits of named partitions): the fallback of
+# its NOTIFY, read again only when the fingerprint changed.
 PROBE_SQL = """
 SELECT now(),
     (SELECT {finite} FROM (SELECT min(head.run_at) AS t FROM unnest(%s::text[]) AS q(name),
@@ -30,6 +37,7 @@ SELECT now(),
         WHERE status = 'processing') AS lease),
     EXISTS (SELECT 1 FROM {releases}),
     (SELECT count(*) || ' ' || COALESCE(max(updated_at)::text, '') FROM {queue_states})
+    || ' ' || (SELECT count(*) || ' ' || COALESCE(max(updated_at)::text, '') FROM {partitions})
 """.replace("{finite}", "CASE WHEN isfinite(t) THEN t WHEN t < now() THEN now() END")
 
 # A worker's heartbeat: insert or refresh its row (the ORM's
@@ -60,6 +68,7 @@ def probe_statement(connection: BaseDatabaseWrapper, with_heartbeat: bool = Fals
         table=table(connection, Message),
         releases=table(connection, GroupRelease),
         queue_states=table(connection, QueueState),
+        partitions=table(connection, PartitionLimit),
     )
     if with_heartbeat:
         sql = f"WITH beat AS ({heartbeat_statement(connection)}) {sql}"

@@ -46,8 +46,9 @@ class QueueControls:
         self._version: str | None = None  # the poll's fingerprint of the state last read
         self.paused: frozenset[str] = frozenset()
         self.limits: dict[str, Limits] = {}  # its queues that have limits
-        # Its queues with a concurrency limit: a handler thread that finishes
-        # one of their messages frees a slot (``settled``).
+        # Its queues with a concurrency limit, of the queue or of its
+        # partitions: a handler thread that finishes one of their messages
+        # frees a slot (``settled``).
         self.concurrency_limited: frozenset[str] = frozenset()
         # Queue -> time.monotonic() from which to claim from it again (inf:
         # when a slot of its concurrency frees).
@@ -127,7 +128,11 @@ class QueueControls:
         self.paused = found.paused
         self.limits = found.limits
         self.concurrency_limited = frozenset(
-            name for name, limits in found.limits.items() if limits.concurrency is not None
+            name
+            for name, limits in found.limits.items()
+            if limits.concurrency is not None
+            or limits.named_partitions
+            or (limits.partition is not None and limits.partition.concurrency is not None)
         )
         with self._lock:
             self._blocked = {name: at for name, at in self._blocked.items() if name in found.limits}
