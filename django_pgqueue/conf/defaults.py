@@ -87,6 +87,15 @@ DEFAULTS: dict[str, Any] = {
     # "weight" (1 to 1000): a worker given no --queues then shares its
     # claims between its queues by weight while they all have work (a queue
     # without a weight: 1), rather than in the order listed.
+    #
+    # A queue whose messages have a partition_key is claimed round-robin
+    # between the partitions with ready messages (the messages without a
+    # key share the default partition), priority still first; "fair":
+    # False keeps strict priority, run_at, id order. "partition": {
+    # "concurrency": 2, "rate": "30/m"} limits each partition the same way,
+    # all workers together; set_partition_limits() (and the Queues page,
+    # "pgqueue_queues") gives a named partition its own.
+    # {"reports": {"concurrency": 20, "partition": {"concurrency": 2}}}.
     "QUEUES": None,
     # Seconds a cancelled message stays in the queue table (status
     # "cancelled", for the record) before maintenance deletes it. None keeps

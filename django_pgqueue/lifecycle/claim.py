@@ -40,6 +40,9 @@ class LimitState:
     processing: int  # its messages processing, all workers'
     started: int  # starts in its rate's window (0 without a rate)
     seconds_to_slot: float  # until the oldest of them leaves the window
+    # Its partitions gave fewer than asked (a queue with limits per
+    # partition): some may be full, or the queue is short of ready messages.
+    short: bool = False
 
     def full(self, limits: Limits) -> tuple[bool, bool]:
         """(no slot of the concurrency is free, none of the rate is)."""
@@ -182,7 +185,8 @@ def ack_and_claim_rows(
                 if queue_limits is not None:
                     cursor.nextset()
                     processing, started, seconds = cursor.fetchone()
-                    limited[name] = LimitState(processing, started, float(seconds))
+                    short = queue_limits.partitioned and len(rows) < size
+                    limited[name] = LimitState(processing, started, float(seconds), short)
             if pending:
                 busy = unacknowledged(pending, acked)
             pending, promote = [], False

@@ -36,6 +36,22 @@ from django_pgqueue.worker.wakeup import Wakeup
 logger = logging.getLogger(__package__)
 
 
+# How long a queue whose partitions gave fewer messages than asked waits
+# before its next claim when they have no rate of their own in the
+# settings (a named partition's rate): a second at most.
+PARTITION_RETRY_MAX = 1.0
+
+
+def partition_retry_seconds(limits: Limits) -> float:
+    """The wait after a short claim of a queue with limits per partition:
+    the spacing of the partitions' rate (its period / count: when the next
+    slot of a full partition frees, on average), at most a second."""
+    rate = None if limits.partition is None else limits.partition.rate
+    if rate is None:
+        return PARTITION_RETRY_MAX
+    return min(PARTITION_RETRY_MAX, rate.seconds / rate.count)
+
+
 class QueueControls:
     def __init__(self, config: WorkerConfig, ledger: Ledger, wakeup: Wakeup) -> None:
         self._config = config
@@ -46,9 +62,9 @@ class QueueControls:
         self._version: str | None = None  # the poll's fingerprint of the state last read
         self.paused: frozenset[str] = frozenset()
         self.limits: dict[str, Limits] = {}  # its queues that have limits
-        # Its queues with a concurrency limit, of the queue or of its
-        # partitions: a handler thread that finishes one of their messages
-        # frees a slot (``settled``).
+        # Its queues with a concurrency limit, or limits per partition: a
+        # handler thread that finishes one of their messages frees a slot
+        # (``settled``), and a NOTIFY may name a partition with free slots.
         self.concurrency_limited: frozenset[str] = frozenset()
         # Queue -> time.monotonic() from which to claim from it again (inf:
         # when a slot of its concurrency frees).
@@ -130,9 +146,7 @@ class QueueControls:
         self.concurrency_limited = frozenset(
             name
             for name, limits in found.limits.items()
-            if limits.concurrency is not None
-            or limits.named_partitions
-            or (limits.partition is not None and limits.partition.concurrency is not None)
+            if limits.concurrency is not None or limits.partitioned
         )
         with self._lock:
             self._blocked = {name: at for name, at in self._blocked.items() if name in found.limits}
@@ -172,6 +186,12 @@ class QueueControls:
                     self._blocked[name] = math.inf
                 elif rate_full:
                     self._blocked[name] = now + state.seconds_to_slot
+                elif state.short and limits.partitioned:
+                    # Its partitions may be waiting for a slot of their rate,
+                    # which no NOTIFY announces: look again a rate's slot
+                    # later (a slot of their concurrency: when a message of
+                    # the queue finishes, as above).
+                    self._blocked[name] = now + partition_retry_seconds(limits)
                 else:
                     self._blocked.pop(name, None)
 
