@@ -2,8 +2,9 @@
 list``: per queue what it holds (ready, delayed, blocked, processing, the
 oldest ready message's age, new dead letters, its busiest partitions) and
 its run-time state
-(paused, the limits that hold and where they come from). Read only, a few
-aggregate queries (``stats``, ``controls``)."""
+(paused, the limits that hold and where they come from, the partitions with
+limits of their own). Read only, a few aggregate queries (``stats``,
+``controls``)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,13 @@ from typing import Any
 from django.utils import timezone
 
 from django_pgqueue import conf, controls
-from django_pgqueue.models import DeadLetterState, QueueState
+from django_pgqueue.models import DeadLetterState, PartitionLimit, QueueState
 from django_pgqueue.observability import stats
 
 # Where a queue's limits come from.
 FROM_SETTINGS, FROM_RUN_TIME = "settings", "run time"
+# The partitions with limits of their own that a queue's row names.
+NAMED_PARTITION_LIMITS = 5
 
 
 @dataclass
@@ -38,6 +41,21 @@ class QueueRow:
     limits_from: str = ""  # FROM_SETTINGS, FROM_RUN_TIME, or "" (none)
     # Its messages' partitions (partition_key); None: none has one.
     partitions: stats.Partitions | None = None
+    # Its partitions with limits of their own, by key (controls.set_partition_limits).
+    partition_limits: list[PartitionLimit] = field(default_factory=list)
+
+    @property
+    def partition_limits_text(self) -> str:
+        """Its partitions with limits of their own, the first few:
+        "tenant:42: concurrency 5; (default): none; and 3 more"."""
+        named = [
+            f"{row.partition_key or '(default)'}: {controls.partition_limits_of(row)}"
+            for row in self.partition_limits[:NAMED_PARTITION_LIMITS]
+        ]
+        more = len(self.partition_limits) - NAMED_PARTITION_LIMITS
+        if more > 0:
+            named.append(f"and {more} more")
+        return "; ".join(named)
 
     @property
     def ready(self) -> int:
@@ -56,6 +74,7 @@ class QueueRow:
         return self.counts[stats.PROCESSING]
 
     def as_json(self) -> dict[str, Any]:
+        each = self.limits.partition  # the settings' limits of each partition
         return {
             "queue": self.name,
             **self.counts,
@@ -66,11 +85,28 @@ class QueueRow:
             "paused": self.paused,
             "paused_at": self.paused_at.isoformat() if self.paused_at else None,
             "changed_by": self.changed_by,
-            "concurrency": self.limits.concurrency,
-            "rate": None if self.limits.rate is None else str(self.limits.rate),
+            **_limits_json(self.limits),
             "limits_from": self.limits_from or None,
             "partitions": None if self.partitions is None else self.partitions.as_json(),
+            "partition": None if each is None else _limits_json(each),
+            "partition_limits": [
+                {
+                    "partition": row.partition_key or None,
+                    **_limits_json(controls.partition_limits_of(row)),
+                    "changed_by": row.changed_by,
+                    "updated_at": row.updated_at.isoformat(),
+                }
+                for row in self.partition_limits
+            ],
         }
+
+
+def _limits_json(limits: conf.Limits) -> dict[str, Any]:
+    """``{"concurrency", "rate"}`` of ``limits`` (None: no limit of that kind)."""
+    return {
+        "concurrency": limits.concurrency,
+        "rate": None if limits.rate is None else str(limits.rate),
+    }
 
 
 def overview(now: datetime.datetime | None = None) -> list[QueueRow]:
@@ -83,8 +119,11 @@ def overview(now: datetime.datetime | None = None) -> list[QueueRow]:
     dead = stats.dead_letters_by_queue(DeadLetterState.NEW)
     partitions = stats.partitions_by_queue(now=now)
     states = controls.states()
+    named: dict[str, list[PartitionLimit]] = {}
+    for limit in controls.partition_limits():
+        named.setdefault(limit.queue, []).append(limit)
     configured = conf.queues()
-    others = ({row[0] for row in messages} | set(dead) | set(states)) - set(configured)
+    others = ({row[0] for row in messages} | set(dead) | set(states) | set(named)) - set(configured)
     rows = {name: QueueRow(name) for name in [*configured, *sorted(others)]}
     for name, _topic, state, count in messages:
         rows[name].counts[state] += count
@@ -92,6 +131,7 @@ def overview(now: datetime.datetime | None = None) -> list[QueueRow]:
         row.oldest_ready_age = ages.get(name)
         row.dead_letters = dead.get(name, 0)
         row.partitions = partitions.get(name)
+        row.partition_limits = named.get(name, [])
         _state_of(row, states.get(name))
     return list(rows.values())
 
