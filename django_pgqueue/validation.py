@@ -242,6 +242,15 @@ def check_key(name: str, value: object) -> str | None:
         raise InvalidMessage(
             f"{name} is {len(value)} characters long; the limit is {conf.KEY_MAX_LENGTH}"
         )
+    if "\x00" in value:
+        raise InvalidMessage(f"{name} must not contain a NUL character (PostgreSQL text cannot)")
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise InvalidMessage(
+                f"{name} must be valid Unicode text (it holds a lone surrogate): {value!r}"
+            ) from None
     return value
 
 

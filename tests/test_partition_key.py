@@ -115,6 +115,8 @@ BAD_KEYS = [
     (42, "partition_key must be a non-empty string or None, not 42"),
     (["tenant"], "partition_key must be a non-empty string"),
     ("k" * 256, "partition_key is 256 characters long; the limit is 255"),
+    ("a\x00b", "partition_key must not contain a NUL character"),
+    ("a\ud800b", "partition_key must be valid Unicode text (it holds a lone surrogate)"),
 ]
 
 
