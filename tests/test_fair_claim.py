@@ -212,16 +212,6 @@ def _retried():
     return None
 
 
-ROUND_AT_CLAIM_BUG = (
-    "the claim ranks a row without a round (the default partition's, a keyed row "
-    "made due later: delayed, retried, rescued) at the lowest round among the candidates, "
-    "again at every claim: a claim that ends inside a round forgets that the row's "
-    "partition had its turn in it, and the tie at that round goes by id (later ids lose "
-    "every claim, earlier ids win every claim)"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=ROUND_AT_CLAIM_BUG)
 @pytest.mark.parametrize(
     "setup", [_default_partition, _delayed, _retried], ids=["default", "delayed", "retried"]
 )
@@ -441,11 +431,6 @@ def test_a_keyed_queues_claim_reads_the_fair_index(limited):
     assert "rows=10 loops=1" in plan.splitlines()[0] or limited, plan
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="PARTITION_SLOTS' recent reads every start of the queue's partitions of the "
-    "last hour (LONGEST_PERIOD), whatever the rates' periods",
-)
 def test_a_limited_claim_reads_the_partitions_starts_of_the_rates_window_only():
     """A queue whose partitions have a rate of 20/s records a start row per
     partition per claim; the hour the claim keeps can hold hundreds of

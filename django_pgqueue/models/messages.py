@@ -98,12 +98,13 @@ class Message(models.Model):
     # one share the queue's default partition. Last, so the columns before
     # it keep their positions (migration 0019).
     partition_key = models.CharField(max_length=conf.KEY_MAX_LENGTH, null=True, blank=True)
-    # The round of the fair claim a waiting message with a partition key is
-    # in (sql.claim): its partition's previous round + 1, or the queue's
-    # current round if that is later, given by enqueue() to a message due
-    # at once. NULL on every other row: messages without a key, and keyed
-    # ones that became ready later (a delay, a retry, a release, plain SQL;
-    # the claim ranks those as it reads them). The claim clears it.
+    # The round of the fair claim a waiting message is in (sql.claim): its
+    # partition's previous round + 1, or the queue's current round if that
+    # is later. enqueue() gives it to a keyed message due at once; the claim
+    # to those it read without one and did not take (keyed ones that became
+    # ready later: a delay, a retry, a release, plain SQL; and in a queue
+    # with partitions, the default partition's). NULL on every other row: a
+    # queue without partitions never has one. The claim clears it.
     fair_tag = models.BigIntegerField(null=True, blank=True, editable=False)
 
     # Not a column: in a workflow step's handler, the worker sets it to the
@@ -120,16 +121,20 @@ class Message(models.Model):
     class Meta:
         indexes = [
             # Exactly the claimable rows of the queue's default partition (no
-            # key), in claim order: the claim reads the head of this index,
-            # whatever else the table holds. The keyed rows are in the next
-            # two, so that neither stream walks past the other's rows.
+            # key) without a round, in claim order: the claim reads the head
+            # of this index, whatever else the table holds. The rows with a
+            # round, and the keyed ones, are in the next two, so that no
+            # stream of the claim walks past another's rows.
             models.Index(
                 fields=["queue", "-priority", "run_at", "id"],
-                condition=Q(status=Status.WAITING, partition_key__isnull=True),
+                condition=Q(
+                    status=Status.WAITING, partition_key__isnull=True, fair_tag__isnull=True
+                ),
                 name="pgqueue_msg_claim_idx",
             ),
-            # Keyed rows with a round, in the fair claim's order (round by
-            # round, oldest first within one).
+            # Rows with a round, in the fair claim's order (round by round,
+            # oldest first within one): keyed rows, and in a queue with
+            # partitions, rows of the default partition the claim ranked.
             models.Index(
                 fields=["queue", "-priority", "fair_tag", "id"],
                 condition=Q(status=Status.WAITING, fair_tag__isnull=False),

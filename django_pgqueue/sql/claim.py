@@ -89,34 +89,32 @@ CLAIM_SET = """SET status = 'processing', attempts = LEAST(m.attempts, 214748364
     updated_at = clock.now, fair_tag = NULL,
     run_at = CASE WHEN isfinite(m.run_at) THEN m.run_at ELSE clock.now END"""
 
-# The pick: the claimable rows of one queue, as up to {window} candidates
-# from each of three streams, each read from the head of its own partial
-# index with FOR UPDATE SKIP LOCKED (models.Message's indexes):
-# - "plain": the default partition (no key), in claim order
-#   (pgqueue_msg_claim_idx). A queue without partitions has only this one;
-#   the two others cost it an empty index descent each.
-# - "tagged": keyed messages with their round (fair_tag, which enqueue()
-#   gives a keyed message due at once: its partition's previous round + 1,
-#   or the queue's current round if later), round by round, oldest first
-#   within one (pgqueue_msg_fair_idx): one message per partition per round.
-# - "untagged": keyed messages that became ready without a round (a delay,
-#   a retry, a release, plain SQL), in claim order (pgqueue_msg_keyed_idx).
-# The current round is the lowest among the tagged candidates. The default
-# partition's candidates take the rounds from it on, one each; an untagged
-# candidate takes its partition's next round (after the partition's last
-# tagged one, pgqueue_msg_round_idx), or the current round on, so that both
-# join the rotation where a new partition would. {order} then ranks them
-# all: by priority, round, id ("fair"), or by priority, run_at, id (a queue
-# with "fair": False, whose keyed messages enqueue() leaves without a round).
+# The pick: the claimable rows of one queue, as candidates from each of
+# three streams, each read from the head of its own partial index with FOR
+# UPDATE SKIP LOCKED (models.Message's indexes):
+# - "tagged": rows with their round (fair_tag), round by round, oldest
+#   first within one (pgqueue_msg_fair_idx): one per partition per round.
+#   enqueue() gives a keyed message due at once its round (its partition's
+#   previous round + 1, or the queue's current round if later); the claim
+#   gives the others theirs (below).
+# - "untagged": keyed rows that became ready without a round (a delay, a
+#   retry, a release, plain SQL), in claim order (pgqueue_msg_keyed_idx).
+# - "plain": the default partition's rows (no key) without a round, in
+#   claim order (pgqueue_msg_claim_idx). A queue without partitions has
+#   only this stream; the two others cost it an empty index descent each,
+#   and it reads {window} rows (the size asked), as the claim always did.
+# The current round is the lowest among the tagged candidates. A candidate
+# without a round takes its partition's next one (after the partition's
+# last, pgqueue_msg_round_idx), or the current round on: it joins the
+# rotation where a new partition would. Those the claim does not take keep
+# it (RANKED_SQL), so that the streams without rounds are read RANK_WINDOW
+# deep in a queue with partitions. {order} then ranks them all: by
+# priority, round, run_at, id ("fair"), or by priority, run_at, id (a queue
+# with "fair": False, whose rows get no round).
 # {plain_filter} and {keyed_filter}: nothing, or (a queue with limits per
 # partition) the exclusion of the partitions without a free slot.
-# Parameters: the queue, [the window,] four times over, in stream order.
+# Parameters: pick_params().
 PICK_SQL = """
-plain AS MATERIALIZED (
-    SELECT ctid, priority, run_at, id FROM {table}
-    WHERE queue = %s AND status = 'waiting' AND partition_key IS NULL
-        AND run_at <= {ready_until}{plain_filter}
-    ORDER BY {plain_order} LIMIT {window} FOR UPDATE SKIP LOCKED),
 tagged AS MATERIALIZED (
     SELECT ctid, priority, run_at, id, partition_key, fair_tag FROM {table}
     WHERE queue = %s AND status = 'waiting' AND fair_tag IS NOT NULL
@@ -126,24 +124,50 @@ untagged AS MATERIALIZED (
     SELECT ctid, priority, run_at, id, partition_key FROM {table}
     WHERE queue = %s AND status = 'waiting' AND partition_key IS NOT NULL AND fair_tag IS NULL
         AND run_at <= {ready_until}{keyed_filter}
-    ORDER BY priority DESC, run_at, id LIMIT {window} FOR UPDATE SKIP LOCKED),
-round AS (SELECT COALESCE(min(fair_tag), 0) AS tag FROM tagged),
+    ORDER BY priority DESC, run_at, id LIMIT GREATEST({window}, {rank_window})
+    FOR UPDATE SKIP LOCKED),
+plain AS MATERIALIZED (
+    SELECT ctid, priority, run_at, id FROM {table}
+    WHERE queue = %s AND status = 'waiting' AND partition_key IS NULL AND fair_tag IS NULL
+        AND run_at <= {ready_until}{plain_filter}
+    ORDER BY {plain_order}
+    LIMIT CASE WHEN EXISTS (SELECT FROM tagged) OR EXISTS (SELECT FROM untagged)
+        THEN GREATEST({window}, {rank_window}) ELSE {window} END
+    FOR UPDATE SKIP LOCKED),
+round AS (
+    SELECT COALESCE(min(fair_tag), 0) AS tag, (
+        SELECT fair_tag FROM {table}
+        WHERE queue = %s AND partition_key IS NULL AND status = 'waiting'
+            AND fair_tag IS NOT NULL
+        ORDER BY fair_tag DESC LIMIT 1) AS default_last
+    FROM tagged),
 candidates AS (
     SELECT p.ctid, p.priority, p.run_at, p.id, NULL::varchar AS partition_key,
-        r.tag + row_number() OVER (ORDER BY p.priority DESC, p.run_at, p.id) - 1 AS tag
+        GREATEST(r.default_last + 1, r.tag) - 1
+        + row_number() OVER (ORDER BY p.priority DESC, p.run_at, p.id) AS tag,
+        true AS fresh
     FROM plain AS p, round AS r
     UNION ALL
-    SELECT ctid, priority, run_at, id, partition_key, fair_tag FROM tagged
+    SELECT ctid, priority, run_at, id, partition_key, fair_tag, false FROM tagged
     UNION ALL
     SELECT u.ctid, u.priority, u.run_at, u.id, u.partition_key,
         GREATEST(last.tag + 1, r.tag) - 1 + row_number() OVER (
-            PARTITION BY u.partition_key ORDER BY u.priority DESC, u.run_at, u.id)
+            PARTITION BY u.partition_key ORDER BY u.priority DESC, u.run_at, u.id),
+        true
     FROM untagged AS u CROSS JOIN round AS r LEFT JOIN LATERAL (
         SELECT fair_tag AS tag FROM {table}
         WHERE queue = %s AND partition_key = u.partition_key AND status = 'waiting'
             AND fair_tag IS NOT NULL
         ORDER BY fair_tag DESC LIMIT 1) AS last ON true)"""
-FAIR_ORDER = "priority DESC, tag, id"
+# In a round, the oldest first: a row ranked as it is read (a retry, a
+# delayed message) is as old as its run_at, not its id.
+FAIR_ORDER = "priority DESC, tag, run_at, id"
+# How many rows without a round the pick reads from each such stream, at
+# least, in a queue with partitions: it ranks them all, and those it does
+# not take keep their rounds (RANKED_SQL). A partition whose few rows were
+# all read in one claim of one would remember no turn: ranked again at the
+# next, it would get the current round again.
+RANK_WINDOW = 100
 STRICT_ORDER = "priority DESC, run_at, id"
 
 
@@ -155,9 +179,12 @@ def pick_sql(
     plain_order: str = "priority DESC, run_at, id",
     plain_filter: str = "",
     keyed_filter: str = "",
+    fair: bool = True,
 ) -> str:
-    """PICK_SQL's CTEs (after a WITH that defines ``clock``)."""
+    """PICK_SQL's CTEs (after a WITH that defines ``clock``); ``fair``: the
+    claim ranks by round (else the streams are read {window} deep)."""
     return PICK_SQL.format(
+        rank_window=RANK_WINDOW if fair else 0,
         table=table_name,
         ready_until=ready_until,
         window=window,
@@ -169,8 +196,9 @@ def pick_sql(
 
 def pick_params(queue: str, window: int | None) -> list[Any]:
     """PICK_SQL's parameters (``window``: None when written in the text)."""
-    stream = [queue] if window is None else [queue, window]
-    return [*stream, *stream, *stream, queue]
+    if window is None:
+        return [queue, queue, queue, queue, queue]
+    return [queue, window, queue, window, queue, window, window, queue, queue]
 
 
 # The claim's time ({now}: the database's now(), or statement_timestamp()),
@@ -182,15 +210,36 @@ CLAIM_SQL = (
     """
 WITH """
     + CLAIM_CLOCK
-    + """,{pick}
+    + """,{pick},
+chosen AS MATERIALIZED (SELECT ctid FROM candidates ORDER BY {order} LIMIT {limit}){ranked}
 UPDATE {table} AS m """
     + CLAIM_SET
     + """
 FROM clock
-WHERE m.ctid = ANY(ARRAY(SELECT ctid FROM candidates ORDER BY {order} LIMIT {limit}))
+WHERE m.ctid = ANY(ARRAY(SELECT ctid FROM chosen))
 RETURNING {columns}
 """
 )
+# The candidates ranked as they were read (the default partition's, and
+# keyed ones without a round) that the claim did not take keep the round
+# they were given: the next claim finds them where this one put them, so a
+# partition that had its turn in a round does not get another in it (were
+# it ranked again, it would be given the current round again each claim).
+# They are locked by the pick; once ranked, they are read from
+# pgqueue_msg_fair_idx. A queue without partitions takes every candidate,
+# so has none to rank. Not with "fair": False, which ranks nothing.
+RANKED_SQL = """,
+to_rank AS (
+    SELECT array_agg(c.ctid) AS ctids, array_agg(c.tag) AS tags FROM candidates AS c
+    WHERE c.fresh AND NOT EXISTS (SELECT 1 FROM chosen AS h WHERE h.ctid = c.ctid)),
+ranked AS (
+    UPDATE {table} AS t SET fair_tag = (
+        SELECT r.tags[array_position(r.ctids, t.ctid)] FROM to_rank AS r)
+    WHERE t.ctid = ANY((SELECT ctids FROM to_rank)::tid[]))"""
+# (By address, as the claim: a join of the table to the candidates on ctid
+# may read the whole table. array_position() over at most a few windows of
+# addresses costs far less.)
+
 ASYNC_COMMIT_COLUMN = ", set_config('synchronous_commit', 'off', true) AS async_commit"
 _CLAIM_ORDER = "priority DESC, run_at, id"
 _FEW_READY_ORDER = "run_at"
@@ -257,9 +306,11 @@ def _claim_sql(
             "(SELECT now FROM clock)" if fixed_now else "statement_timestamp()",
             limit,
             plain_order=_CLAIM_ORDER if written_limit is None else _FEW_READY_ORDER,
+            fair=fair,
         ),
         table=table_name,
         order=FAIR_ORDER if fair else STRICT_ORDER,
+        ranked=RANKED_SQL.format(table=table_name) if fair else "",
         limit=limit,
         columns=claim_columns(connection),
     )

@@ -21,6 +21,7 @@ from django_pgqueue.sql.claim import (
     CLAIM_CLOCK,
     CLAIM_SET,
     FAIR_ORDER,
+    RANKED_SQL,
     STRICT_ORDER,
     claim_columns,
     pick_params,
@@ -88,7 +89,7 @@ allowed AS (
         COALESCE(%s::bigint - (SELECT COALESCE(sum(n), 0) FROM running), %s::bigint),
         window_.most - window_.n)) AS n
     FROM window_),{pick},
-chosen AS ({chosen}),
+chosen AS MATERIALIZED ({chosen}){ranked},
 claimed AS (
     UPDATE {table} AS m """
     + CLAIM_SET
@@ -113,8 +114,9 @@ pruned AS (
 _CHOSEN = "SELECT ctid FROM candidates ORDER BY {order} LIMIT (SELECT n FROM allowed)"
 
 # The free slots of the partitions that have any running, started or limits
-# of their own. Parameters: the queue (overrides), the queue and the longest
-# period (starts), the default partition rate's seconds (NULL: none), the
+# of their own, from the starts in the longest of their rates' windows.
+# Parameters: the queue (overrides), the queue and the partitions' rate's
+# seconds (starts), the partitions' rate's seconds again (NULL: none), the
 # partitions' concurrency (NULL: none), the default partition rate's count
 # (NULL: none). A named partition's rate is "N/s|m|h" (PartitionLimit's
 # check constraint).
@@ -127,7 +129,8 @@ named AS (
     FROM {limits} WHERE queue = %s),
 recent AS (
     SELECT partition_key AS k, started_at, count FROM {partition_starts}
-    WHERE queue = %s AND started_at > (SELECT now FROM clock) - make_interval(secs => %s)),
+    WHERE queue = %s AND started_at > (SELECT now FROM clock) - make_interval(
+        secs => GREATEST(%s::bigint, (SELECT max(rate_seconds) FROM named)))),
 started_by_partition AS (
     SELECT r.k, sum(r.count) AS n FROM recent AS r LEFT JOIN named AS o ON o.k = r.k
     WHERE r.started_at > (SELECT now FROM clock) - make_interval(
@@ -147,7 +150,9 @@ full_ AS (
         COALESCE(bool_or(k = ''), false) AS default_full
     FROM slots WHERE free <= 0),"""
 _PLAIN_FILTER = "\n        AND NOT (SELECT default_full FROM full_)"
-_KEYED_FILTER = "\n        AND partition_key <> ALL((SELECT keys FROM full_)::varchar[])"
+_KEYED_FILTER = (
+    "\n        AND COALESCE(partition_key, '') <> ALL((SELECT keys FROM full_)::varchar[])"
+)
 # Of the candidates, each partition's first ones, up to its free slots (a
 # partition without a row in slots: the default free slots, parameter).
 _CHOSEN_PARTITIONED = """
@@ -235,8 +240,10 @@ def limited_claim_statements(
             "%s",
             plain_filter=_PLAIN_FILTER if partitioned else "",
             keyed_filter=_KEYED_FILTER if partitioned else "",
+            fair=fair,
         ),
         chosen=(_CHOSEN_PARTITIONED if partitioned else _CHOSEN).format(order=order),
+        ranked=RANKED_SQL.format(table=message_table) if fair else "",
         record="" if rate is None else _RECORD.format(starts=starts),
         record_partitions=(
             _RECORD_PARTITIONS.format(partition_starts=starts_by_partition)
@@ -248,7 +255,7 @@ def limited_claim_statements(
     params: list[Any] = [now, token or uuid.uuid4(), lease_seconds, worker_id, queue]
     each_count, each_seconds = partition_rate if partition_rate is not None else (None, None)
     if partitioned:
-        params += [queue, queue, LONGEST_PERIOD, each_seconds, partition_concurrency, each_count]
+        params += [queue, queue, each_seconds, each_seconds, partition_concurrency, each_count]
     if rate is not None:
         params += [rate[0], queue, rate[1]]
     params += [limit, concurrency, limit, *pick_params(queue, window)]
