@@ -157,3 +157,17 @@ def test_workflows():
     assert re.search(r"workflow: steps/s +[\d,]+ ", out), out
     assert re.search(r"ratio workflow/plain +[\d.]+ ", out), out
     assert re.search(r"^target: .*: (met|MISSED)$", out, re.M), out
+
+
+def test_fair():
+    url, _ = bench_url("_fair")
+    out = run(
+        "fair",
+        *["--messages", "30000", "--partitions", "200", "--delayed", "500", "--rounds", "1"],
+        *["--default-rows", "500", "--claims", "5", "--warmup", "6", "--target", "100"],
+        *["--database-url", url],
+    )
+    assert re.search(r"^ *claim of 100: ratio fair/plain +[\d.]+ ", out, re.M), out
+    for phase in ("main", "variant: 500 keyed not yet due", "variant: 500 without a key"):
+        assert re.search(rf"^--- {phase}, before: EXPLAIN .* of 'fair', ", out, re.M), out
+    assert re.search(r"^target: .*: met$", out, re.M), out

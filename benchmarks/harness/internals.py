@@ -59,6 +59,29 @@ def claim(
     return [lifecycle.message_from_row(row) for row in result.rows]
 
 
+def claim_statement(
+    queue: str, limit: int, worker_id: str, lease_seconds: float
+) -> tuple[str, list[Any], dict[str, int]]:
+    """The worker's claim of ``queue`` as it sends it outside a transaction
+    (sql.claim.claim_statement, asynchronous commit, the fair order unless
+    the queue is configured "fair": False), its parameters (a fresh lease
+    token), and the position of each column in the rows it returns."""
+    from django_pgqueue import conf
+    from django_pgqueue.sql.claim import CLAIM_ATTNAMES
+    from django_pgqueue.sql.claim import claim_statement as statement
+
+    sql, params = statement(
+        conf.database_alias(),
+        queue,
+        limit,
+        worker_id,
+        lease_seconds=lease_seconds,
+        async_commit=True,
+        fair=queue not in conf.unfair_queues(),
+    )
+    return sql, params, {name: i for i, name in enumerate(CLAIM_ATTNAMES)}
+
+
 def ack_many(messages: Sequence[Message]) -> set[int]:
     """Acknowledge finished messages of atomic=False handlers in one
     statement, as the worker does; returns the ids finished."""

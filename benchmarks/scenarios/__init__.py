@@ -2,7 +2,7 @@
 ``main(argv) -> int`` (its options, its run, its exit status), over the
 shared harness (benchmarks/harness/); a scenario with several parts is a
 package whose ``main`` module runs them (``one_worker``, ``scale``,
-``compare``, ``streams``, ``chaos``, ``soak``).
+``compare``, ``streams``, ``chaos``, ``soak``, ``fair``).
 
 ``SCENARIOS`` is the list ``python -m benchmarks --help`` prints, in this
 order: a new scenario is a module here and a line below.
@@ -65,5 +65,10 @@ SCENARIOS: dict[str, Scenario] = {
         "benchmarks.scenarios.workflows",
         "a fan-out/fan-in workflow of 10,000 steps: enqueue seconds, drain steps/s beside"
         " plain messages in turn",
+    ),
+    "fair": Scenario(
+        "benchmarks.scenarios.fair.main",
+        "the fair claim of a million messages in 10,000 partitions beside the plain claim,"
+        " in turn: claim time ratio",
     ),
 }
