@@ -763,11 +763,12 @@ def test_prefetched_messages_that_cannot_be_handed_back_wait_for_their_lease():
     first = enqueue("test.sleep", {"seconds": 0.6})
     rest = enqueue_many([{"payload": {"seconds": 0.6}}] * 6, topic="test.sleep")
     with raw_connection(autocommit=True) as conn:
-        # The hand-back is the one UPDATE that lowers the attempt count.
+        # The hand-back is the one UPDATE that lowers the attempt count
+        # (GREATEST("attempts" - 1, 0): the claim has GREATEST() too).
         conn.execute(
             """CREATE FUNCTION test_fail_release() RETURNS trigger LANGUAGE plpgsql AS $$
             BEGIN
-                IF position('GREATEST' IN upper(current_query())) > 0 THEN
+                IF position('"ATTEMPTS" - 1' IN upper(current_query())) > 0 THEN
                     RAISE EXCEPTION 'injected hand-back failure';
                 END IF;
                 RETURN NULL;
