@@ -243,7 +243,10 @@ def test_a_queue_with_fair_false_is_claimed_in_strict_priority_run_at_id_order()
     b = put(2, "B")
     urgent = put(1, "C", priority=5)
     older = put(1, "B", run_at=now - 60 * SECOND)
-    assert set(tags([*a, *plain, *b, *urgent, *older])) == {None}, "no rounds in strict order"
+    # Strict order: a keyed row's "round" is its run_at in microseconds.
+    keyed = [*a, *b, *urgent, *older]
+    assert tags(keyed) == [round(m.run_at.timestamp() * 1_000_000) for m in keyed]
+    assert set(tags(plain)) == {None}
     order = drain(1)
     expected = [*urgent, *older, *a, *plain, *b]
     assert [m.pk for m in order] == [m.pk for m in expected]
@@ -456,3 +459,57 @@ def test_a_limited_claim_reads_the_partitions_starts_of_the_rates_window_only():
         if "on django_pgqueue_partitionstart" in line and "actual" in line
     ]
     assert read and max(read) < 100, f"the claim read {read} start rows:\n{plan}"
+
+
+# --- the claim of a queue believed to have no partitions ------------------------------
+
+
+def plain_claim(limit, queue=QUEUE):
+    """One claim of ``queue`` as a worker makes it while it believes the
+    queue has no partitions: (the messages, what the claim found)."""
+    result = lifecycle.ack_and_claim_rows([], [queue], limit, "w", 60, plain_queues=[queue])
+    messages = [lifecycle.message_from_row(row) for row in result.rows]
+    return messages, result.partitioned
+
+
+def test_a_plain_claim_of_a_queue_without_partitions_says_so():
+    unkeyed = put(3)
+    messages, partitioned = plain_claim(2)
+    assert [m.pk for m in messages] == [m.pk for m in unkeyed[:2]]
+    assert partitioned == {QUEUE: False}
+    messages, partitioned = plain_claim(5)
+    assert [m.pk for m in messages] == [unkeyed[2].pk]
+    assert partitioned == {QUEUE: False}
+    assert plain_claim(5) == ([], {QUEUE: False})
+
+
+@pytest.mark.parametrize("ranked", [False, True], ids=["keyed", "ranked default rows"])
+def test_a_plain_claim_finds_the_rows_it_cannot_see_and_the_pick_takes_them(ranked):
+    """Keyed rows (and rows of the default partition with a round) are not
+    in the claim index: the plain claim says they are there, and the same
+    call claims the rest with the whole pick."""
+    if ranked:
+        put(1, "A")
+        put(4)
+        claim(1)  # the pick takes A's and gives the default partition's first left a round
+        assert sum(tag is not None for tag in tags(Message.objects.all())) == 1
+    else:
+        put(2, "A")
+        put(2)
+    messages, partitioned = plain_claim(10)
+    assert partitioned == {QUEUE: True}
+    assert len(messages) == 4
+    assert not Message.objects.filter(status=Status.WAITING).exists()
+
+
+def test_a_plain_claim_reads_a_few_nodes_not_the_pick():
+    from django_pgqueue.sql.claim import plain_claim_statement
+
+    put(3)
+    sql, params = plain_claim_statement("default", QUEUE, 2, "w")
+    with transaction.atomic(), connections["default"].cursor() as cursor:
+        cursor.execute("EXPLAIN " + sql, params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        transaction.set_rollback(True)
+    assert "pgqueue_msg_claim_idx" in plan, plan
+    assert "candidates" not in plan and "WindowAgg" not in plan, plan

@@ -13,7 +13,7 @@ import datetime
 import logging
 import uuid
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +61,9 @@ class ClaimResult:
     groups_left: int = 0  # releases the group promotion left for another call
     # The queues with limits that were claimed from, as their claim left them.
     limited: dict[str, LimitState] = field(default_factory=dict)
+    # Of the plain_queues claimed from: whether they have rows with a round
+    # or a partition key (the whole pick claims those).
+    partitioned: dict[str, bool] = field(default_factory=dict)
 
 
 def ack_and_claim_rows(
@@ -74,6 +77,7 @@ def ack_and_claim_rows(
     promote: bool = False,
     limits: Mapping[str, Limits] | None = None,
     shares: Sequence[str] | None = None,
+    plain_queues: Collection[str] = (),
 ) -> ClaimResult:
     """Acknowledge ``acks`` (finished messages of atomic=False handlers, as
     ``ack_unlocked``) and lease up to ``limit`` ready messages of ``queues``
@@ -98,7 +102,12 @@ def ack_and_claim_rows(
     their free slots (sql_limited), and the result says how it left them.
     ``shares``: the queue of each of the ``limit`` slots, in turn (a worker
     given weights, worker.shares): the claim is shared between the queues
-    so (``_claim_shared``), not taken from them in order.
+    so (``_claim_shared``), not taken from them in order. ``plain_queues``:
+    the queues (without limits) the caller believes have no partitions:
+    claimed with the default partition's stream alone
+    (sql.claim.PLAIN_CLAIM_SQL), which also says whether they have other
+    rows (``ClaimResult.partitioned``; then the rest of the claim takes
+    the whole pick).
     """
     using = conf.database_alias()
     connection = connections[using]
@@ -109,15 +118,31 @@ def ack_and_claim_rows(
     busy: set[int] = set()
     groups_left = 0
     limited: dict[str, LimitState] = {}
+    partitioned: dict[str, bool] = {}
     pending = list(acks)
     unfair = conf.unfair_queues()
+    plain = set(plain_queues)
 
     def claim_from(name: str, size: int) -> list[tuple[Any, ...]]:
         """Up to ``size`` messages of queue ``name``, in claim order (the
         first statement also carries the acknowledgements and promotion)."""
         nonlocal pending, promote, acked, busy, groups_left
         queue_limits = limits.get(name) if limits else None
-        if queue_limits is None:
+        alone = queue_limits is None and name in plain
+        if alone:
+            statement, claim_params = claim_sql.plain_claim_statement(
+                using,
+                name,
+                size,
+                worker_id,
+                now,
+                lease_seconds,
+                async_commit=async_commit,
+                few_ready=few_ready,
+                token=token,
+            )
+            claim_statements = [statement]
+        elif queue_limits is None:
             statement, claim_params = claim_sql.claim_statement(
                 using,
                 name,
@@ -195,6 +220,12 @@ def ack_and_claim_rows(
             cursor = prepared_cursor(connection)
             cursor.execute(claim_statements[0], claim_params)
             rows = cursor.fetchall()
+        if alone:
+            rows, partitioned[name] = claim_sql.split_plain_claim(rows)
+            if partitioned[name] and len(rows) < size:
+                # Rows the claim could not see wait: the whole pick for the rest.
+                plain.discard(name)
+                rows += claim_from(name, size - len(rows))
         rows.sort(key=_claim_order)  # RETURNING keeps no order
         return rows
 
@@ -220,7 +251,7 @@ def ack_and_claim_rows(
                 worker_id,
                 extra={**fields, "state": "claimed", "worker": worker_id},
             )
-    return ClaimResult(acked, busy, claimed, groups_left, limited)
+    return ClaimResult(acked, busy, claimed, groups_left, limited, partitioned)
 
 
 def _claim_shared(

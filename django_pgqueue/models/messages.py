@@ -140,9 +140,10 @@ class Message(models.Model):
                 condition=Q(status=Status.WAITING, fair_tag__isnull=False),
                 name="pgqueue_msg_fair_idx",
             ),
-            # Keyed rows without a round, in claim order.
+            # Keyed rows without a round, oldest first (by run_at alone, so
+            # that a claim's scan stops at the first not yet due).
             models.Index(
-                fields=["queue", "-priority", "run_at", "id"],
+                fields=["queue", "run_at", "id"],
                 condition=Q(
                     status=Status.WAITING, partition_key__isnull=False, fair_tag__isnull=True
                 ),

@@ -98,7 +98,8 @@ CLAIM_SET = """SET status = 'processing', attempts = LEAST(m.attempts, 214748364
 #   previous round + 1, or the queue's current round if later); the claim
 #   gives the others theirs (below).
 # - "untagged": keyed rows that became ready without a round (a delay, a
-#   retry, a release, plain SQL), in claim order (pgqueue_msg_keyed_idx).
+#   retry, a release, plain SQL), oldest first (pgqueue_msg_keyed_idx: by
+#   run_at, so that the rows not yet due end the scan).
 # - "plain": the default partition's rows (no key) without a round, in
 #   claim order (pgqueue_msg_claim_idx). A queue without partitions has
 #   only this stream; the two others cost it an empty index descent each,
@@ -106,9 +107,8 @@ CLAIM_SET = """SET status = 'processing', attempts = LEAST(m.attempts, 214748364
 # The current round is the lowest among the tagged candidates. A candidate
 # without a round takes its partition's next one (after the partition's
 # last, pgqueue_msg_round_idx), or the current round on: it joins the
-# rotation where a new partition would. Those the claim does not take keep
-# it (RANKED_SQL), so that the streams without rounds are read RANK_WINDOW
-# deep in a queue with partitions. {order} then ranks them all: by
+# rotation where a new partition would; the first of each partition that
+# the claim does not take keeps it (RANKED_SQL). {order} then ranks them all: by
 # priority, round, run_at, id ("fair"), or by priority, run_at, id (a queue
 # with "fair": False, whose rows get no round).
 # {plain_filter} and {keyed_filter}: nothing, or (a queue with limits per
@@ -124,22 +124,21 @@ untagged AS MATERIALIZED (
     SELECT ctid, priority, run_at, id, partition_key FROM {table}
     WHERE queue = %s AND status = 'waiting' AND partition_key IS NOT NULL AND fair_tag IS NULL
         AND run_at <= {ready_until}{keyed_filter}
-    ORDER BY priority DESC, run_at, id LIMIT GREATEST({window}, {rank_window})
-    FOR UPDATE SKIP LOCKED),
+    ORDER BY run_at, id LIMIT {window} + {rank_extra} FOR UPDATE SKIP LOCKED),
 plain AS MATERIALIZED (
     SELECT ctid, priority, run_at, id FROM {table}
     WHERE queue = %s AND status = 'waiting' AND partition_key IS NULL AND fair_tag IS NULL
         AND run_at <= {ready_until}{plain_filter}
     ORDER BY {plain_order}
     LIMIT CASE WHEN EXISTS (SELECT FROM tagged) OR EXISTS (SELECT FROM untagged)
-        THEN GREATEST({window}, {rank_window}) ELSE {window} END
+        THEN {window} + {rank_extra} ELSE {window} END
     FOR UPDATE SKIP LOCKED),
 round AS (
     SELECT COALESCE(min(fair_tag), 0) AS tag, (
         SELECT fair_tag FROM {table}
         WHERE queue = %s AND partition_key IS NULL AND status = 'waiting'
             AND fair_tag IS NOT NULL
-        ORDER BY fair_tag DESC LIMIT 1) AS default_last
+        ORDER BY partition_key DESC NULLS FIRST, fair_tag DESC LIMIT 1) AS default_last
     FROM tagged),
 candidates AS (
     SELECT p.ctid, p.priority, p.run_at, p.id, NULL::varchar AS partition_key,
@@ -162,12 +161,9 @@ candidates AS (
 # In a round, the oldest first: a row ranked as it is read (a retry, a
 # delayed message) is as old as its run_at, not its id.
 FAIR_ORDER = "priority DESC, tag, run_at, id"
-# How many rows without a round the pick reads from each such stream, at
-# least, in a queue with partitions: it ranks them all, and those it does
-# not take keep their rounds (RANKED_SQL). A partition whose few rows were
-# all read in one claim of one would remember no turn: ranked again at the
-# next, it would get the current round again.
-RANK_WINDOW = 100
+# How many rows without a round the pick reads from each such stream beyond
+# the claim's size, in a queue with partitions (RANKED_SQL).
+RANK_EXTRA = 1
 STRICT_ORDER = "priority DESC, run_at, id"
 
 
@@ -184,7 +180,7 @@ def pick_sql(
     """PICK_SQL's CTEs (after a WITH that defines ``clock``); ``fair``: the
     claim ranks by round (else the streams are read {window} deep)."""
     return PICK_SQL.format(
-        rank_window=RANK_WINDOW if fair else 0,
+        rank_extra=RANK_EXTRA if fair else 0,
         table=table_name,
         ready_until=ready_until,
         window=window,
@@ -220,18 +216,124 @@ WHERE m.ctid = ANY(ARRAY(SELECT ctid FROM chosen))
 RETURNING {columns}
 """
 )
-# The candidates ranked as they were read (the default partition's, and
-# keyed ones without a round) that the claim did not take keep the round
-# they were given: the next claim finds them where this one put them, so a
-# partition that had its turn in a round does not get another in it (were
-# it ranked again, it would be given the current round again each claim).
-# They are locked by the pick; once ranked, they are read from
-# pgqueue_msg_fair_idx. A queue without partitions takes every candidate,
-# so has none to rank. Not with "fair": False, which ranks nothing.
+# The claim of a queue believed to have no partitions (the worker's, until
+# a claim says otherwise: lifecycle.ack_and_claim_rows): the default
+# partition's stream alone, read from the claim index as every claim was
+# before partitions, without the pick's other streams and ranks (a plan of
+# a few nodes, not fifty: a quarter of a small claim's time). Its last row
+# is not a message but says whether the queue has rows this claim cannot
+# see (with a round, or keyed): the caller then claims with CLAIM_SQL.
+# Parameters: the clock (CLAIM_CLOCK's), the queue, [the limit,] the queue
+# twice.
+PLAIN_CLAIM_SQL = (
+    """
+WITH """
+    + CLAIM_CLOCK
+    + """,
+claimed AS (
+    UPDATE {table} AS m """
+    + CLAIM_SET
+    + """
+    FROM clock
+    WHERE m.ctid = ANY(ARRAY(
+        SELECT ctid FROM {table}
+        WHERE queue = %s AND status = 'waiting' AND partition_key IS NULL AND fair_tag IS NULL
+            AND run_at <= {ready_until}
+        ORDER BY {order} LIMIT {limit} FOR UPDATE SKIP LOCKED))
+    RETURNING {columns})
+SELECT *, NULL::boolean FROM claimed
+UNION ALL
+SELECT {nulls}, EXISTS (
+        SELECT FROM {table} WHERE queue = %s AND status = 'waiting' AND fair_tag IS NOT NULL)
+    OR EXISTS (
+        SELECT FROM {table}
+        WHERE queue = %s AND status = 'waiting' AND partition_key IS NOT NULL
+            AND fair_tag IS NULL)
+"""
+)
+
+
+def plain_claim_statement(
+    using: str,
+    queue: str,
+    limit: int,
+    worker_id: str,
+    now: datetime | None = None,
+    lease_seconds: float = 60,
+    *,
+    async_commit: bool = False,
+    few_ready: bool = False,
+    token: uuid.UUID | None = None,
+) -> tuple[str, list[Any]]:
+    """PLAIN_CLAIM_SQL for one queue and its parameters (as claim_statement)."""
+    written_limit = limit if few_ready else None
+    sql = _plain_claim_sql(using, now is not None, async_commit, written_limit)
+    params: list[Any] = [now, token or uuid.uuid4(), lease_seconds, worker_id, queue]
+    if not few_ready:
+        params.append(limit)
+    return sql, [*params, queue, queue]
+
+
+@functools.lru_cache(maxsize=128)
+def _plain_claim_sql(
+    using: str, fixed_now: bool, async_commit: bool, written_limit: int | None
+) -> str:
+    connection = connections[using]
+    return PLAIN_CLAIM_SQL.format(
+        now="now()",
+        async_commit=ASYNC_COMMIT_COLUMN if async_commit else "",
+        table=table(connection, Message),
+        ready_until="(SELECT now FROM clock)" if fixed_now else "statement_timestamp()",
+        order=_CLAIM_ORDER if written_limit is None else _FEW_READY_ORDER,
+        limit="%s" if written_limit is None else str(int(written_limit)),
+        columns=claim_columns(connection),
+        nulls=", ".join(["NULL"] * len(CLAIM_FIELDS)),
+    )
+
+
+def split_plain_claim(rows: list[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], bool]:
+    """PLAIN_CLAIM_SQL's rows as (the claimed messages' rows, whether the
+    queue has rows it cannot see)."""
+    *claimed, last = rows
+    return [row[:-1] for row in claimed], bool(last[-1])
+
+
+# Of the candidates ranked as they were read (the default partition's, and
+# keyed ones without a round), each partition's first that the claim did
+# not take keeps the round it was given: the next claim ranks the
+# partition's others after it, so a partition that had its turn in a round
+# does not get another in it (ranked afresh, it would be given the current
+# round again at each claim). One row per partition, once: the pick reads
+# those streams one row deeper than the claim's size in a queue with
+# partitions, so that a partition whose rows the claim takes leaves one to
+# remember its turn by. It is locked by the pick; once ranked, it is read
+# from pgqueue_msg_fair_idx. A queue without partitions takes every
+# candidate, so has none to rank.
 RANKED_SQL = """,
 to_rank AS (
-    SELECT array_agg(c.ctid) AS ctids, array_agg(c.tag) AS tags FROM candidates AS c
-    WHERE c.fresh AND NOT EXISTS (SELECT 1 FROM chosen AS h WHERE h.ctid = c.ctid)),
+    SELECT array_agg(a.ctid) AS ctids, array_agg(a.tag) AS tags FROM (
+        SELECT DISTINCT ON (c.partition_key) c.ctid, c.tag FROM candidates AS c
+        WHERE c.fresh AND NOT EXISTS (SELECT 1 FROM chosen AS h WHERE h.ctid = c.ctid)
+        ORDER BY c.partition_key, c.tag) AS a),
+ranked AS (
+    UPDATE {table} AS t SET fair_tag = (
+        SELECT r.tags[array_position(r.ctids, t.ctid)] FROM to_rank AS r)
+    WHERE t.ctid = ANY((SELECT ctids FROM to_rank)::tid[]))"""
+# In a queue with "fair": False, a keyed row's "round" is its run_at in
+# microseconds (enqueue() gives it so, sql.insert): pgqueue_msg_fair_idx then
+# holds its keyed rows in strict priority, run_at, id order, as the claim
+# index holds the others. The claim gives it to the keyed candidates read
+# without one (a retry, a delay, plain SQL) that it does not take ('-infinity':
+# the smallest).
+RANKED_STRICT_SQL = """,
+to_rank AS (
+    SELECT array_agg(c.ctid) AS ctids,
+        array_agg(CASE WHEN isfinite(c.run_at)
+            THEN (extract(epoch FROM c.run_at) * 1000000)::bigint
+            ELSE -9223372036854775807 END) AS tags
+    FROM candidates AS c
+    WHERE c.fresh AND c.partition_key IS NOT NULL
+        AND NOT EXISTS (SELECT 1 FROM chosen AS h WHERE h.ctid = c.ctid)),
 ranked AS (
     UPDATE {table} AS t SET fair_tag = (
         SELECT r.tags[array_position(r.ctids, t.ctid)] FROM to_rank AS r)
@@ -310,7 +412,7 @@ def _claim_sql(
         ),
         table=table_name,
         order=FAIR_ORDER if fair else STRICT_ORDER,
-        ranked=RANKED_SQL.format(table=table_name) if fair else "",
+        ranked=(RANKED_SQL if fair else RANKED_STRICT_SQL).format(table=table_name),
         limit=limit,
         columns=claim_columns(connection),
     )

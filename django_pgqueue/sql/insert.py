@@ -58,8 +58,10 @@ def _insert_sql(source: str, dedup: bool, fair: bool = False) -> str:
 
 
 # Rows with a partition key (a caller that sends any uses these): a keyed
-# row due at once, outside a group and of a queue without "fair": False
-# (the first parameter: those queues), gets its round in the fair claim
+# row outside a group of a queue with "fair": False (the first parameter:
+# those queues) gets its run_at in microseconds as its "round" (the strict
+# order, sql.claim.RANKED_STRICT_SQL); one due at once, outside a group, of
+# any other queue gets its round in the fair claim
 # (fair_tag, sql.claim.PICK_SQL): its partition's last waiting round + 1,
 # or the queue's current round at its priority (the lowest waiting round)
 # if that is later; the rows of one partition in one statement take the
@@ -71,8 +73,9 @@ _FAIR = """INSERT INTO {table} (queue, topic, payload, headers, priority, run_at
     dedup_key, group_key, partition_key, fair_tag)
 SELECT f.queue, f.topic, f.payload::jsonb, f.headers::jsonb, f.priority::smallint, f.run_at,
     f.max_attempts::integer, f.dedup_key, f.group_key, f.partition_key,
-    CASE WHEN f.partition_key IS NULL OR f.group_key IS NOT NULL OR f.run_at > now()
-        OR f.queue = ANY(%s::varchar[]) THEN NULL
+    CASE WHEN f.partition_key IS NULL OR f.group_key IS NOT NULL THEN NULL
+    WHEN f.queue = ANY(%s::varchar[]) THEN (extract(epoch FROM f.run_at) * 1000000)::bigint
+    WHEN f.run_at > now() THEN NULL
     ELSE GREATEST(
         (SELECT t.fair_tag + 1 FROM {table} AS t
          WHERE t.queue = f.queue AND t.partition_key = f.partition_key

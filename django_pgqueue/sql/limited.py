@@ -22,6 +22,7 @@ from django_pgqueue.sql.claim import (
     CLAIM_SET,
     FAIR_ORDER,
     RANKED_SQL,
+    RANKED_STRICT_SQL,
     STRICT_ORDER,
     claim_columns,
     pick_params,
@@ -243,7 +244,7 @@ def limited_claim_statements(
             fair=fair,
         ),
         chosen=(_CHOSEN_PARTITIONED if partitioned else _CHOSEN).format(order=order),
-        ranked=RANKED_SQL.format(table=message_table) if fair else "",
+        ranked=(RANKED_SQL if fair else RANKED_STRICT_SQL).format(table=message_table),
         record="" if rate is None else _RECORD.format(starts=starts),
         record_partitions=(
             _RECORD_PARTITIONS.format(partition_starts=starts_by_partition)

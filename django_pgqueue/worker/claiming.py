@@ -21,6 +21,11 @@ from django_pgqueue.worker.ledger import Ledger
 from django_pgqueue.worker.shares import QueueShares
 from django_pgqueue.worker.wakeup import Wakeup
 
+# Seconds a queue found to have partitions is claimed with the whole pick
+# (sql.claim.CLAIM_SQL) before a claim with the default partition's stream
+# alone looks again (one that finds them still there goes on with the pick).
+PARTITIONS_RECHECK = 10.0
+
 
 @dataclass(eq=False)
 class Claimer:
@@ -35,6 +40,11 @@ class Claimer:
     few_ready: bool = field(default=False, init=False)  # the last claim came back short
     # The weights' turn between claims (None: no weights, queues in order).
     shares: QueueShares | None = field(default=None, init=False)
+    # Queue -> when (time.monotonic()) a claim last found it has partitions
+    # (rows with a partition key or a round): claimed with the whole pick
+    # for PARTITIONS_RECHECK seconds from then; the others with the default
+    # partition's stream alone, which says when they have some.
+    partitioned: dict[str, float] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         if self.config.weights:
@@ -74,6 +84,11 @@ class Claimer:
         # (A workflow step's is sent apart: with its step's bookkeeping.)
         acks = self.acks.carried(self.ledger.take_unacked())
         promote = self.wakeup.take_groups() or any(job.message.group_key for job in acks)
+        now = time.monotonic()
+        partitioned = self.partitioned
+        plain = [
+            q for q in queues if now - partitioned.get(q, -PARTITIONS_RECHECK) >= PARTITIONS_RECHECK
+        ]
         started = time.perf_counter()
         try:
             result = lifecycle.ack_and_claim_rows(
@@ -90,6 +105,7 @@ class Claimer:
                     if self.shares is not None and len(queues) > 1
                     else None
                 ),
+                plain_queues=plain,
             )
         except BaseException:
             self.acks.put_back(acks)  # flushed again next time
@@ -97,6 +113,11 @@ class Claimer:
                 self.wakeup.release_groups()
             raise
         rows = result.rows
+        for name, found in result.partitioned.items():
+            if found:
+                partitioned[name] = now
+            else:
+                partitioned.pop(name, None)
         if result.limited:
             self.controls.claimed(result.limited, time.monotonic())
         if result.groups_left:
