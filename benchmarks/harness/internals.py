@@ -60,16 +60,28 @@ def claim(
 
 
 def claim_statement(
-    queue: str, limit: int, worker_id: str, lease_seconds: float
+    queue: str, limit: int, worker_id: str, lease_seconds: float, plain: bool = False
 ) -> tuple[str, list[Any], dict[str, int]]:
     """The worker's claim of ``queue`` as it sends it outside a transaction
     (sql.claim.claim_statement, asynchronous commit, the fair order unless
-    the queue is configured "fair": False), its parameters (a fresh lease
-    token), and the position of each column in the rows it returns."""
+    the queue is configured "fair": False; ``plain``: the claim of a queue
+    without partitions, sql.claim.plain_claim_statement, whose last row
+    split_plain_claim takes off), its parameters (a fresh lease token), and
+    the position of each column in the rows it returns."""
     from django_pgqueue import conf
-    from django_pgqueue.sql.claim import CLAIM_ATTNAMES
+    from django_pgqueue.sql.claim import CLAIM_ATTNAMES, plain_claim_statement
     from django_pgqueue.sql.claim import claim_statement as statement
 
+    if plain:
+        sql, params = plain_claim_statement(
+            conf.database_alias(),
+            queue,
+            limit,
+            worker_id,
+            lease_seconds=lease_seconds,
+            async_commit=True,
+        )
+        return sql, params, {name: i for i, name in enumerate(CLAIM_ATTNAMES)}
     sql, params = statement(
         conf.database_alias(),
         queue,

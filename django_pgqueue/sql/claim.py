@@ -243,13 +243,18 @@ claimed AS (
     RETURNING {columns})
 SELECT *, NULL::boolean FROM claimed
 UNION ALL
-SELECT {nulls}, EXISTS (
-        SELECT FROM {table} WHERE queue = %s AND status = 'waiting' AND fair_tag IS NOT NULL)
-    OR EXISTS (
-        SELECT FROM {table}
+SELECT {nulls}, (
+        SELECT fair_tag FROM {table}
+        WHERE queue = %s AND status = 'waiting' AND fair_tag IS NOT NULL
+        ORDER BY priority DESC, fair_tag LIMIT 1) IS NOT NULL
+    OR (SELECT run_at FROM {table}
         WHERE queue = %s AND status = 'waiting' AND partition_key IS NOT NULL
-            AND fair_tag IS NULL)
+            AND fair_tag IS NULL
+        ORDER BY run_at LIMIT 1) IS NOT NULL
 """
+    # (The head of each index, in its order: an EXISTS lets the planner read
+    # the table from the start for the first row, and while another queue has
+    # many rows with a round, it did: a whole table's scan at every claim.)
 )
 
 

@@ -60,17 +60,24 @@ class Timed:
 def claims(side: Side, limit: int, calls: int) -> Timed:
     """``calls`` claims of ``limit`` messages of ``side``'s queue, each
     checked (``check``); their times."""
+    from django_pgqueue.sql.claim import split_plain_claim
+
     timed = Timed([], [])
     with side.conn.cursor() as cursor:
         for _ in range(calls):
+            # The queue without partitions: the claim a worker sends for it
+            # (the default partition's stream alone, PLAIN_CLAIM_SQL).
+            plain = side.partitions == 0
             sql, params, columns = internals.claim_statement(
-                side.queue, limit, WORKER_ID, LEASE_SECONDS
+                side.queue, limit, WORKER_ID, LEASE_SECONDS, plain=plain
             )
             cpu_before = cpu_ns(side.pid)
             started = time.perf_counter()
             cursor.execute(sql, params)
             rows = cursor.fetchall()
             timed.wall_ms.append(1000.0 * (time.perf_counter() - started))
+            if plain:
+                rows, _ = split_plain_claim(rows)
             timed.server_cpu_ms.append((cpu_ns(side.pid) - cpu_before) / 1e6)
             check(side, limit, rows, columns)
             side.claimed += len(rows)
