@@ -480,7 +480,15 @@ def test_a_plain_claim_of_a_queue_without_partitions_says_so():
     messages, partitioned = plain_claim(5)
     assert [m.pk for m in messages] == [unkeyed[2].pk]
     assert partitioned == {QUEUE: False}
-    assert plain_claim(5) == ([], {QUEUE: False})
+    # A claim of none says nothing (the pick looked too, and found none).
+    assert plain_claim(5) == ([], {})
+
+
+def test_a_plain_claim_of_none_lets_the_pick_look():
+    put(2, "A")
+    messages, partitioned = plain_claim(5)
+    assert keys(messages) == {"A": 2}
+    assert partitioned == {QUEUE: True}
 
 
 @pytest.mark.parametrize("ranked", [False, True], ids=["keyed", "ranked default rows"])
@@ -513,3 +521,5 @@ def test_a_plain_claim_reads_a_few_nodes_not_the_pick():
         transaction.set_rollback(True)
     assert "pgqueue_msg_claim_idx" in plan, plan
     assert "candidates" not in plan and "WindowAgg" not in plan, plan
+    # Whether the queue has rows it cannot see: the head of each index.
+    assert "pgqueue_msg_fair_idx" in plan and "pgqueue_msg_keyed_idx" in plan, plan

@@ -221,11 +221,17 @@ def ack_and_claim_rows(
             cursor.execute(claim_statements[0], claim_params)
             rows = cursor.fetchall()
         if alone:
-            rows, partitioned[name] = claim_sql.split_plain_claim(rows)
-            if partitioned[name] and len(rows) < size:
-                # Rows the claim could not see wait: the whole pick for the rest.
+            rows, unseen = claim_sql.split_plain_claim(rows)
+            if unseen is not False and len(rows) < size:
+                # Rows the claim could not see wait, or it claimed none (and
+                # so could not say): the whole pick for the rest.
                 plain.discard(name)
-                rows += claim_from(name, size - len(rows))
+                more = claim_from(name, size - len(rows))
+                if unseen is None and more:
+                    unseen = True  # the pick found what the claim index has not
+                rows += more
+            if unseen is not None:
+                partitioned[name] = unseen
         rows.sort(key=_claim_order)  # RETURNING keeps no order
         return rows
 

@@ -220,41 +220,36 @@ RETURNING {columns}
 # a claim says otherwise: lifecycle.ack_and_claim_rows): the default
 # partition's stream alone, read from the claim index as every claim was
 # before partitions, without the pick's other streams and ranks (a plan of
-# a few nodes, not fifty: a quarter of a small claim's time). Its last row
-# is not a message but says whether the queue has rows this claim cannot
-# see (with a round, or keyed): the caller then claims with CLAIM_SQL.
-# Parameters: the clock (CLAIM_CLOCK's), the queue, [the limit,] the queue
-# twice.
+# a few nodes, not fifty: a quarter of a small claim's time). Each row it
+# returns ends with whether the queue has rows this claim cannot see (with
+# a round, or keyed): the caller then claims the rest with CLAIM_SQL. It
+# reads the head of each of their indexes, in its order: an EXISTS let the
+# planner read the table from its start for a first row, and while another
+# queue held a million rows with a round it did, at every claim.
+# Parameters: the clock's, the queue three times, [the limit].
 PLAIN_CLAIM_SQL = (
     """
-WITH """
-    + CLAIM_CLOCK
-    + """,
-claimed AS (
-    UPDATE {table} AS m """
+WITH clock AS (
+    SELECT COALESCE(%s::timestamptz, now()) AS now, %s::uuid AS token,
+        %s::float8 AS lease, %s::varchar AS worker,
+        (SELECT fair_tag FROM {table}
+         WHERE queue = %s AND status = 'waiting' AND fair_tag IS NOT NULL
+         ORDER BY priority DESC, fair_tag LIMIT 1) IS NOT NULL
+        OR (SELECT run_at FROM {table}
+            WHERE queue = %s AND status = 'waiting' AND partition_key IS NOT NULL
+                AND fair_tag IS NULL
+            ORDER BY run_at LIMIT 1) IS NOT NULL AS unseen{async_commit})
+UPDATE {table} AS m """
     + CLAIM_SET
     + """
-    FROM clock
-    WHERE m.ctid = ANY(ARRAY(
-        SELECT ctid FROM {table}
-        WHERE queue = %s AND status = 'waiting' AND partition_key IS NULL AND fair_tag IS NULL
-            AND run_at <= {ready_until}
-        ORDER BY {order} LIMIT {limit} FOR UPDATE SKIP LOCKED))
-    RETURNING {columns})
-SELECT *, NULL::boolean FROM claimed
-UNION ALL
-SELECT {nulls}, (
-        SELECT fair_tag FROM {table}
-        WHERE queue = %s AND status = 'waiting' AND fair_tag IS NOT NULL
-        ORDER BY priority DESC, fair_tag LIMIT 1) IS NOT NULL
-    OR (SELECT run_at FROM {table}
-        WHERE queue = %s AND status = 'waiting' AND partition_key IS NOT NULL
-            AND fair_tag IS NULL
-        ORDER BY run_at LIMIT 1) IS NOT NULL
+FROM clock
+WHERE m.ctid = ANY(ARRAY(
+    SELECT ctid FROM {table}
+    WHERE queue = %s AND status = 'waiting' AND partition_key IS NULL AND fair_tag IS NULL
+        AND run_at <= {ready_until}
+    ORDER BY {order} LIMIT {limit} FOR UPDATE SKIP LOCKED))
+RETURNING {columns}, clock.unseen
 """
-    # (The head of each index, in its order: an EXISTS lets the planner read
-    # the table from the start for the first row, and while another queue has
-    # many rows with a round, it did: a whole table's scan at every claim.)
 )
 
 
@@ -273,10 +268,10 @@ def plain_claim_statement(
     """PLAIN_CLAIM_SQL for one queue and its parameters (as claim_statement)."""
     written_limit = limit if few_ready else None
     sql = _plain_claim_sql(using, now is not None, async_commit, written_limit)
-    params: list[Any] = [now, token or uuid.uuid4(), lease_seconds, worker_id, queue]
+    params: list[Any] = [now, token or uuid.uuid4(), lease_seconds, worker_id, queue, queue, queue]
     if not few_ready:
         params.append(limit)
-    return sql, [*params, queue, queue]
+    return sql, params
 
 
 @functools.lru_cache(maxsize=128)
@@ -285,22 +280,22 @@ def _plain_claim_sql(
 ) -> str:
     connection = connections[using]
     return PLAIN_CLAIM_SQL.format(
-        now="now()",
         async_commit=ASYNC_COMMIT_COLUMN if async_commit else "",
         table=table(connection, Message),
         ready_until="(SELECT now FROM clock)" if fixed_now else "statement_timestamp()",
         order=_CLAIM_ORDER if written_limit is None else _FEW_READY_ORDER,
         limit="%s" if written_limit is None else str(int(written_limit)),
         columns=claim_columns(connection),
-        nulls=", ".join(["NULL"] * len(CLAIM_FIELDS)),
     )
 
 
-def split_plain_claim(rows: list[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], bool]:
+def split_plain_claim(rows: list[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], bool | None]:
     """PLAIN_CLAIM_SQL's rows as (the claimed messages' rows, whether the
-    queue has rows it cannot see)."""
-    *claimed, last = rows
-    return [row[:-1] for row in claimed], bool(last[-1])
+    queue has rows it cannot see: None when it claimed none, which says
+    nothing)."""
+    if not rows:
+        return rows, None
+    return [row[:-1] for row in rows], rows[0][-1]
 
 
 # Of the candidates ranked as they were read (the default partition's, and
