@@ -511,10 +511,8 @@ def test_a_plain_claim_finds_the_rows_it_cannot_see_and_the_pick_takes_them(rank
 
 
 def test_a_plain_claim_reads_a_few_nodes_not_the_pick():
-    from django_pgqueue.sql.claim import plain_claim_statement
-
     put(3)
-    sql, params = plain_claim_statement("default", QUEUE, 2, "w")
+    sql, params = claim_statement("default", QUEUE, 2, "w", plain=True)
     with transaction.atomic(), connections["default"].cursor() as cursor:
         cursor.execute("EXPLAIN " + sql, params)
         plan = "\n".join(row[0] for row in cursor.fetchall())

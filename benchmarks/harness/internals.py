@@ -65,23 +65,13 @@ def claim_statement(
     """The worker's claim of ``queue`` as it sends it outside a transaction
     (sql.claim.claim_statement, asynchronous commit, the fair order unless
     the queue is configured "fair": False; ``plain``: the claim of a queue
-    without partitions, sql.claim.plain_claim_statement, whose last row
-    split_plain_claim takes off), its parameters (a fresh lease token), and
+    without partitions, PLAIN_CLAIM_SQL, whose last column split_plain_claim
+    takes off), its parameters (a fresh lease token), and
     the position of each column in the rows it returns."""
     from django_pgqueue import conf
-    from django_pgqueue.sql.claim import CLAIM_ATTNAMES, plain_claim_statement
+    from django_pgqueue.sql.claim import CLAIM_ATTNAMES
     from django_pgqueue.sql.claim import claim_statement as statement
 
-    if plain:
-        sql, params = plain_claim_statement(
-            conf.database_alias(),
-            queue,
-            limit,
-            worker_id,
-            lease_seconds=lease_seconds,
-            async_commit=True,
-        )
-        return sql, params, {name: i for i, name in enumerate(CLAIM_ATTNAMES)}
     sql, params = statement(
         conf.database_alias(),
         queue,
@@ -90,6 +80,7 @@ def claim_statement(
         lease_seconds=lease_seconds,
         async_commit=True,
         fair=queue not in conf.unfair_queues(),
+        plain=plain,
     )
     return sql, params, {name: i for i, name in enumerate(CLAIM_ATTNAMES)}
 

@@ -139,15 +139,7 @@ def partition_limits_problem(value: object) -> str | None:
     limits of each partition, or None."""
     if not isinstance(value, dict):
         return "must be a dict of the limits of each partition ({} or None for none)"
-    for key, limit in value.items():
-        if key not in LIMIT_KEYS:
-            return f"has an unknown limit {key!r} (known: {', '.join(LIMIT_KEYS)})"
-        if limit is None:
-            continue
-        problem = _PROBLEMS[key](limit)
-        if problem:
-            return f"{key} {problem}"
-    return None
+    return _entries_problem(value, LIMIT_KEYS)
 
 
 _PROBLEMS = {
@@ -166,9 +158,15 @@ def limits_problem(value: object) -> str | None:
         return None
     if not isinstance(value, dict):
         return "must be a dict of limits ({} or None for none)"
+    return _entries_problem(value, QUEUE_KEYS)
+
+
+def _entries_problem(value: dict[Any, Any], known: tuple[str, ...]) -> str | None:
+    """Why an entry of ``value`` (a dict of limits whose keys may be
+    ``known``) is wrong, or None. None as a value: no limit."""
     for key, limit in value.items():
-        if key not in QUEUE_KEYS:
-            return f"has an unknown limit {key!r} (known: {', '.join(QUEUE_KEYS)})"
+        if key not in known:
+            return f"has an unknown limit {key!r} (known: {', '.join(known)})"
         if limit is None:
             continue
         problem = _PROBLEMS[key](limit)

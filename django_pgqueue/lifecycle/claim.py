@@ -129,20 +129,7 @@ def ack_and_claim_rows(
         nonlocal pending, promote, acked, busy, groups_left
         queue_limits = limits.get(name) if limits else None
         alone = queue_limits is None and name in plain
-        if alone:
-            statement, claim_params = claim_sql.plain_claim_statement(
-                using,
-                name,
-                size,
-                worker_id,
-                now,
-                lease_seconds,
-                async_commit=async_commit,
-                few_ready=few_ready,
-                token=token,
-            )
-            claim_statements = [statement]
-        elif queue_limits is None:
+        if queue_limits is None:
             statement, claim_params = claim_sql.claim_statement(
                 using,
                 name,
@@ -154,6 +141,7 @@ def ack_and_claim_rows(
                 few_ready=few_ready,
                 token=token,
                 fair=name not in unfair,
+                plain=alone,
             )
             claim_statements = [statement]
         else:

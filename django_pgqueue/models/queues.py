@@ -16,6 +16,22 @@ from django_pgqueue.conf.limits import CONCURRENCY_MAX
 from django_pgqueue.fields import DateTimeField
 
 
+def limit_constraints(prefix: str) -> list[models.BaseConstraint]:
+    """The checks of a row's limits (QueueState's, PartitionLimit's): a
+    concurrency from 1 to CONCURRENCY_MAX or none, a rate "N/s|m|h" or ""."""
+    return [
+        models.CheckConstraint(
+            condition=Q(concurrency__isnull=True)
+            | Q(concurrency__gte=1, concurrency__lte=CONCURRENCY_MAX),
+            name=f"{prefix}_concurrency_range",
+        ),
+        models.CheckConstraint(
+            condition=Q(rate="") | Q(rate__regex=r"^[1-9][0-9]{0,8}/[smh]$"),
+            name=f"{prefix}_rate_format",
+        ),
+    ]
+
+
 class QueueState(models.Model):
     """One row per queue whose state was ever changed at run time. A queue
     without a row is running, with the limits of the settings.
@@ -40,17 +56,7 @@ class QueueState(models.Model):
     class Meta:
         verbose_name = "queue"
         permissions = [("pause_queuestate", "Can pause and resume queues")]
-        constraints = [
-            models.CheckConstraint(
-                condition=Q(concurrency__isnull=True)
-                | Q(concurrency__gte=1, concurrency__lte=CONCURRENCY_MAX),
-                name="pgqueue_queue_concurrency_range",
-            ),
-            models.CheckConstraint(
-                condition=Q(rate="") | Q(rate__regex=r"^[1-9][0-9]{0,8}/[smh]$"),
-                name="pgqueue_queue_rate_format",
-            ),
-        ]
+        constraints = limit_constraints("pgqueue_queue")
 
     def __str__(self) -> str:
         return self.name
@@ -93,15 +99,7 @@ class PartitionLimit(models.Model):
             models.UniqueConstraint(
                 fields=["queue", "partition_key"], name="pgqueue_partition_limit_uniq"
             ),
-            models.CheckConstraint(
-                condition=Q(concurrency__isnull=True)
-                | Q(concurrency__gte=1, concurrency__lte=CONCURRENCY_MAX),
-                name="pgqueue_partition_concurrency_range",
-            ),
-            models.CheckConstraint(
-                condition=Q(rate="") | Q(rate__regex=r"^[1-9][0-9]{0,8}/[smh]$"),
-                name="pgqueue_partition_rate_format",
-            ),
+            *limit_constraints("pgqueue_partition"),
         ]
 
     def __str__(self) -> str:

@@ -253,42 +253,6 @@ RETURNING {columns}, clock.unseen
 )
 
 
-def plain_claim_statement(
-    using: str,
-    queue: str,
-    limit: int,
-    worker_id: str,
-    now: datetime | None = None,
-    lease_seconds: float = 60,
-    *,
-    async_commit: bool = False,
-    few_ready: bool = False,
-    token: uuid.UUID | None = None,
-) -> tuple[str, list[Any]]:
-    """PLAIN_CLAIM_SQL for one queue and its parameters (as claim_statement)."""
-    written_limit = limit if few_ready else None
-    sql = _plain_claim_sql(using, now is not None, async_commit, written_limit)
-    params: list[Any] = [now, token or uuid.uuid4(), lease_seconds, worker_id, queue, queue, queue]
-    if not few_ready:
-        params.append(limit)
-    return sql, params
-
-
-@functools.lru_cache(maxsize=128)
-def _plain_claim_sql(
-    using: str, fixed_now: bool, async_commit: bool, written_limit: int | None
-) -> str:
-    connection = connections[using]
-    return PLAIN_CLAIM_SQL.format(
-        async_commit=ASYNC_COMMIT_COLUMN if async_commit else "",
-        table=table(connection, Message),
-        ready_until="(SELECT now FROM clock)" if fixed_now else "statement_timestamp()",
-        order=_CLAIM_ORDER if written_limit is None else _FEW_READY_ORDER,
-        limit="%s" if written_limit is None else str(int(written_limit)),
-        columns=claim_columns(connection),
-    )
-
-
 def split_plain_claim(rows: list[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], bool | None]:
     """PLAIN_CLAIM_SQL's rows as (the claimed messages' rows, whether the
     queue has rows it cannot see: None when it claimed none, which says
@@ -298,6 +262,14 @@ def split_plain_claim(rows: list[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]
     return [row[:-1] for row in rows], rows[0][-1]
 
 
+# The rows to_rank names get their rounds: by address, as the claim (a join
+# of the table to the candidates on ctid may read the whole table;
+# array_position() over a window of addresses costs far less).
+_RANK_UPDATE = """
+ranked AS (
+    UPDATE {table} AS t SET fair_tag = (
+        SELECT r.tags[array_position(r.ctids, t.ctid)] FROM to_rank AS r)
+    WHERE t.ctid = ANY((SELECT ctids FROM to_rank)::tid[]))"""
 # Of the candidates ranked as they were read (the default partition's, and
 # keyed ones without a round), each partition's first that the claim did
 # not take keeps the round it was given: the next claim ranks the
@@ -309,23 +281,23 @@ def split_plain_claim(rows: list[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]
 # remember its turn by. It is locked by the pick; once ranked, it is read
 # from pgqueue_msg_fair_idx. A queue without partitions takes every
 # candidate, so has none to rank.
-RANKED_SQL = """,
+RANKED_SQL = (
+    """,
 to_rank AS (
     SELECT array_agg(a.ctid) AS ctids, array_agg(a.tag) AS tags FROM (
         SELECT DISTINCT ON (c.partition_key) c.ctid, c.tag FROM candidates AS c
         WHERE c.fresh AND NOT EXISTS (SELECT 1 FROM chosen AS h WHERE h.ctid = c.ctid)
-        ORDER BY c.partition_key, c.tag) AS a),
-ranked AS (
-    UPDATE {table} AS t SET fair_tag = (
-        SELECT r.tags[array_position(r.ctids, t.ctid)] FROM to_rank AS r)
-    WHERE t.ctid = ANY((SELECT ctids FROM to_rank)::tid[]))"""
+        ORDER BY c.partition_key, c.tag) AS a),"""
+    + _RANK_UPDATE
+)
 # In a queue with "fair": False, a keyed row's "round" is its run_at in
 # microseconds (enqueue() gives it so, sql.insert): pgqueue_msg_fair_idx then
 # holds its keyed rows in strict priority, run_at, id order, as the claim
 # index holds the others. The claim gives it to the keyed candidates read
 # without one (a retry, a delay, plain SQL) that it does not take ('-infinity':
 # the smallest).
-RANKED_STRICT_SQL = """,
+RANKED_STRICT_SQL = (
+    """,
 to_rank AS (
     SELECT array_agg(c.ctid) AS ctids,
         array_agg(CASE WHEN isfinite(c.run_at)
@@ -333,14 +305,9 @@ to_rank AS (
             ELSE -9223372036854775807 END) AS tags
     FROM candidates AS c
     WHERE c.fresh AND c.partition_key IS NOT NULL
-        AND NOT EXISTS (SELECT 1 FROM chosen AS h WHERE h.ctid = c.ctid)),
-ranked AS (
-    UPDATE {table} AS t SET fair_tag = (
-        SELECT r.tags[array_position(r.ctids, t.ctid)] FROM to_rank AS r)
-    WHERE t.ctid = ANY((SELECT ctids FROM to_rank)::tid[]))"""
-# (By address, as the claim: a join of the table to the candidates on ctid
-# may read the whole table. array_position() over at most a few windows of
-# addresses costs far less.)
+        AND NOT EXISTS (SELECT 1 FROM chosen AS h WHERE h.ctid = c.ctid)),"""
+    + _RANK_UPDATE
+)
 
 ASYNC_COMMIT_COLUMN = ", set_config('synchronous_commit', 'off', true) AS async_commit"
 _CLAIM_ORDER = "priority DESC, run_at, id"
@@ -376,16 +343,21 @@ def claim_statement(
     few_ready: bool = False,
     token: uuid.UUID | None = None,
     fair: bool = True,
+    plain: bool = False,
 ) -> tuple[str, list[Any]]:
     """The claim's UPDATE for one queue (CLAIM_SQL) and its parameters, under
     ``token`` (a fresh lease token by default; params[1]). Also for
     EXPLAIN. ``fair``: rotate between the queue's partitions (else strict
-    priority, run_at, id order: "fair": False)."""
+    priority, run_at, id order: "fair": False). ``plain``: the claim of a
+    queue believed to have no partitions (PLAIN_CLAIM_SQL; its rows go
+    through split_plain_claim)."""
     written_limit = limit if few_ready else None
-    sql = _claim_sql(using, now is not None, async_commit, written_limit, fair)
-    window = None if few_ready else limit
+    sql = _claim_sql(using, now is not None, async_commit, written_limit, fair, plain)
     params: list[Any] = [now, token or uuid.uuid4(), lease_seconds, worker_id]
-    params += pick_params(queue, window)
+    if plain:
+        params += [queue, queue, queue]
+    else:
+        params += pick_params(queue, None if few_ready else limit)
     if not few_ready:
         params.append(limit)
     return sql, params
@@ -393,23 +365,34 @@ def claim_statement(
 
 @functools.lru_cache(maxsize=128)
 def _claim_sql(
-    using: str, fixed_now: bool, async_commit: bool, written_limit: int | None, fair: bool
+    using: str,
+    fixed_now: bool,
+    async_commit: bool,
+    written_limit: int | None,
+    fair: bool,
+    plain: bool,
 ) -> str:
-    """CLAIM_SQL for ``using``; ``written_limit``: a few_ready claim's limit,
-    written into the text (else the limit is bound)."""
+    """CLAIM_SQL (or PLAIN_CLAIM_SQL) for ``using``; ``written_limit``: a
+    few_ready claim's limit, written into the text (else the limit is
+    bound)."""
     connection = connections[using]
     limit = "%s" if written_limit is None else str(int(written_limit))
     table_name = table(connection, Message)
+    ready_until = "(SELECT now FROM clock)" if fixed_now else "statement_timestamp()"
+    plain_order = _CLAIM_ORDER if written_limit is None else _FEW_READY_ORDER
+    if plain:
+        return PLAIN_CLAIM_SQL.format(
+            async_commit=ASYNC_COMMIT_COLUMN if async_commit else "",
+            table=table_name,
+            ready_until=ready_until,
+            order=plain_order,
+            limit=limit,
+            columns=claim_columns(connection),
+        )
     return CLAIM_SQL.format(
         now="now()",
         async_commit=ASYNC_COMMIT_COLUMN if async_commit else "",
-        pick=pick_sql(
-            table_name,
-            "(SELECT now FROM clock)" if fixed_now else "statement_timestamp()",
-            limit,
-            plain_order=_CLAIM_ORDER if written_limit is None else _FEW_READY_ORDER,
-            fair=fair,
-        ),
+        pick=pick_sql(table_name, ready_until, limit, plain_order=plain_order, fair=fair),
         table=table_name,
         order=FAIR_ORDER if fair else STRICT_ORDER,
         ranked=(RANKED_SQL if fair else RANKED_STRICT_SQL).format(table=table_name),
