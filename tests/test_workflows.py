@@ -489,3 +489,47 @@ def test_a_handler_knows_its_step_name():
     wf.enqueue()
     message = Message.objects.get()
     assert WorkflowRun.of_step(message.workflow_step_id).step_name == "only"
+
+
+@pytest.mark.parametrize("unlocked", [False, True], ids=["atomic", "atomic=False"])
+def test_an_acknowledgement_that_lost_its_lease_moves_no_step(unlocked):
+    """The worker acknowledges steps' messages and moves their steps in one
+    round trip (bookkeeping.acknowledge): a message whose lease was lost
+    (rescued, and leased again elsewhere) is not acknowledged, and its step
+    does not move; the others' do, in the same statement."""
+    import uuid
+
+    from django_pgqueue.workflows import bookkeeping
+
+    from .claiming import claim
+
+    wf = Workflow(name="two roots")
+    a = wf.add("wf.value", {"value": 1}, name="a")
+    b = wf.add("wf.value", {"value": 2}, name="b")
+    wf.add("wf.sum", {}, name="c", after=[a, b])
+    run = wf.enqueue()
+    names = {1: "a", 2: "b"}
+    leased = {names[m.payload["value"]]: m for m in claim(["default"], 10, "w1", 60)}
+    assert set(leased) == {"a", "b"}
+    # b's lease is lost: its message was rescued and leased to another worker.
+    Message.objects.filter(pk=leased["b"].pk).update(lease_token=uuid.uuid4())
+    options = {"skip_locked": True, "async_commit": True} if unlocked else {}
+    messages = [leased["a"], leased["b"]]
+    acked, moved = bookkeeping.acknowledge(
+        messages, [(m, str(m.payload["value"])) for m in messages], "default", **options
+    )
+    assert acked == {leased["a"].pk}
+    assert (moved.released, moved.finished) == (0, [])
+    assert run.steps() == {"a": "done", "b": "processing", "c": "held"}
+    assert WorkflowStep.objects.get(name="c").waiting_for == 1
+    assert WorkflowStep.objects.get(name="a").result == 1
+    # The same acknowledgement again moves nothing twice.
+    assert bookkeeping.acknowledge(messages[:1], [(messages[0], "1")], "default")[0] == set()
+    assert WorkflowStep.objects.get(name="c").waiting_for == 1
+    # b's current lease acknowledges it: c is released, once.
+    current = Message.objects.get(pk=leased["b"].pk)
+    acked, moved = bookkeeping.acknowledge([current], [(current, "2")], "default", **options)
+    assert acked == {current.pk}
+    assert moved.released == 1
+    assert run.steps() == {"a": "done", "b": "done", "c": "waiting"}
+    assert WorkflowStep.objects.get(name="b").result == 2

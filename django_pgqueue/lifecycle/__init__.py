@@ -26,7 +26,14 @@ The statements the ORM cannot say are in ``sql``. ``now`` is a parameter
 wherever time matters; None means the database's clock.
 """
 
-from django_pgqueue.lifecycle.acks import ack, ack_leased, ack_unlocked, still_leased
+from django_pgqueue.lifecycle.acks import (
+    ack,
+    ack_leased,
+    ack_then,
+    ack_unlocked,
+    still_leased,
+    unacknowledged,
+)
 from django_pgqueue.lifecycle.cancel import CancelResult, cancel, cancel_running
 from django_pgqueue.lifecycle.claim import (
     ClaimResult,
@@ -56,6 +63,7 @@ __all__ = [
     "ack",
     "ack_and_claim_rows",
     "ack_leased",
+    "ack_then",
     "ack_unlocked",
     "cancel",
     "cancel_running",
@@ -66,4 +74,5 @@ __all__ = [
     "retry_later",
     "run_now",
     "still_leased",
+    "unacknowledged",
 ]

@@ -10,6 +10,7 @@ claim.ack_and_claim_rows).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from django.db import connections
 from django.db.models import Q
@@ -85,6 +86,20 @@ def ack_leased(
     moment later than roll back its work)."""
     if not messages:
         return set()  # (no statement: an empty condition is not SQL)
+    return ack_then(messages, None, async_commit, skip_locked)[0]
+
+
+def ack_then(
+    messages: Sequence[Message],
+    then: tuple[str, Sequence[Any]] | None,
+    async_commit: bool = False,
+    skip_locked: bool = False,
+) -> tuple[set[int], tuple[Any, ...] | None]:
+    """``ack_leased``, and the statement ``then`` (SQL, parameters) right
+    after it, sent together: one round trip, and in autocommit one implicit
+    transaction (both commit or neither). Returns the ids deleted and the
+    first row of ``then`` (None without it). ``then`` sees the deletions:
+    a workflow step's bookkeeping moves the steps whose message is gone."""
     connection = connections[conf.database_alias()]
     statement, params = history_sql.ack_statement(
         connection, acks_sql.ids_by_token(messages), skip_locked
@@ -94,8 +109,15 @@ def ack_leased(
     skip = 0
     if not skip_locked:  # only a statement that may wait for a lock needs the limits
         statement, params, skip = timeouts_sql.with_limits(statement, params)
+    if then is not None:
+        statement = f"{statement};{then[0]}"
+        params = [*params, *then[1]]
     with connection.cursor() as cursor:
         cursor.execute(statement, params)
         for _ in range(skip + async_commit):
             cursor.nextset()  # past the limits and the SET LOCAL
-        return {row[0] for row in cursor.fetchall()}
+        acked = {row[0] for row in cursor.fetchall()}
+        if then is None:
+            return acked, None
+        cursor.nextset()
+        return acked, cursor.fetchone()

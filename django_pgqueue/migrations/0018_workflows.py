@@ -6,9 +6,10 @@ its acknowledgement, dead letter, revival or cancellation. Each locks the
 workflows concerned first, in id order: the bookkeeping of one workflow is
 serialized (a fan-in's counter is never decremented by two transactions
 from the same value), and two bookkeepers never deadlock. A held step is not
-in the queue table; its release inserts its message (an id drawn from the
-table's own sequence, so that the step and its message name each other in
-one statement).
+in the queue table; its release inserts its message. The message's id is
+drawn from the queue table's own sequence when the step is written
+(sql.workflows.INSERT_STEPS_SQL): the step and its message name each other
+from the start, and a release changes no indexed column of the step.
 
 Frozen text, as a migration must be.
 """
@@ -21,10 +22,11 @@ from django.db import migrations, models
 
 CREATE = """
 -- Room on each page for the new versions of the rows that the bookkeeping
--- updates (a step done, a fan-in's count, a workflow's counts): updates
--- that change no indexed column then stay on the page (HOT), with no index
--- entry to add.
-ALTER TABLE django_pgqueue_workflowstep SET (fillfactor = 70);
+-- updates (a step released, then done; a fan-in's count; a workflow's
+-- counts): updates that change no indexed column then stay on the page
+-- (HOT), with no index entry to add. Half a page: a fan-out's release
+-- updates every step of a page at once.
+ALTER TABLE django_pgqueue_workflowstep SET (fillfactor = 50);
 ALTER TABLE django_pgqueue_workflow SET (fillfactor = 50);
 
 CREATE FUNCTION pgqueue_workflow_lock(step_ids bigint[]) RETURNS void
@@ -87,7 +89,6 @@ $$;
 CREATE FUNCTION pgqueue_workflow_release(candidates bigint[]) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
-    ids regclass := pg_get_serial_sequence('django_pgqueue_message', 'id');
     released bigint[] := '{}';
     per_workflow record;
     total integer := 0;
@@ -98,7 +99,7 @@ BEGIN
     FOR per_workflow IN
         WITH ready AS (
             UPDATE django_pgqueue_workflowstep AS s
-            SET state = 'released', message_id = nextval(ids)
+            SET state = 'released'
             WHERE s.id = ANY(candidates) AND s.state = 'held' AND s.waiting_for = 0
             RETURNING s.id, s.workflow_id
         )
@@ -143,33 +144,37 @@ END;
 $$;
 
 -- Steps done (their messages acknowledged in this transaction), with their
--- results: the steps after them that wait for nothing more are released,
--- in the same statement that counts them down (one pass over the
--- followers: a fan-out of thousands is released at enqueue_many's pace).
--- Returns how many were released, and the status of each workflow that
--- this finished (its last steps were among them).
+-- results (a JSON object: each step's by its id): the steps after them that
+-- wait for nothing more are released, in the same statement that counts
+-- them down (one pass over the followers: a fan-out of thousands is
+-- released at enqueue_many's pace). Returns how many were released, and
+-- the status of each workflow that this finished (its last steps were
+-- among them).
 CREATE FUNCTION pgqueue_workflow_steps_done(
-    step_ids bigint[], results jsonb[], OUT released integer, OUT finished text[]
+    step_ids bigint[], results jsonb, OUT released integer, OUT finished text[]
 ) LANGUAGE plpgsql AS $$
 DECLARE
-    ids regclass := pg_get_serial_sequence('django_pgqueue_message', 'id');
     done_ids bigint[];
+    done_workflows bigint[];  -- each done step's
     follower_ids bigint[];
     follower_counts integer[];
     ready_ids bigint[];
+    ready_workflows bigint[];  -- each released step's
     per_workflow record;
 BEGIN
     released := 0;
     finished := '{}';
     PERFORM pgqueue_workflow_lock(step_ids);
+    -- By the ids' array alone, not joined to the results: the steps'
+    -- statistics may date from when none was released, and a join was
+    -- planned as a loop over every pair.
     WITH done AS (
         UPDATE django_pgqueue_workflowstep AS s
-        SET state = 'done', result = v.result, finished_at = now()
-        FROM unnest(step_ids, results) AS v(id, result)
-        WHERE s.id = v.id AND s.state = 'released'
-        RETURNING s.id
+        SET state = 'done', result = results -> s.id::text, finished_at = now()
+        WHERE s.id = ANY(step_ids) AND s.state = 'released'
+        RETURNING s.id, s.workflow_id
     )
-    SELECT array_agg(id) INTO done_ids FROM done;
+    SELECT array_agg(id), array_agg(workflow_id) INTO done_ids, done_workflows FROM done;
     IF done_ids IS NULL THEN
         RETURN;
     END IF;
@@ -184,28 +189,28 @@ BEGIN
         UPDATE django_pgqueue_workflowstep AS t SET
             waiting_for = t.waiting_for - v.n,
             state = CASE WHEN t.state = 'held' AND t.waiting_for = v.n
-                         THEN 'released' ELSE t.state END,
-            message_id = CASE WHEN t.state = 'held' AND t.waiting_for = v.n
-                              THEN nextval(ids) ELSE t.message_id END
+                         THEN 'released' ELSE t.state END
         FROM unnest(follower_ids, follower_counts) AS v(id, n)
         WHERE t.id = v.id
-        RETURNING t.id, t.state
+        RETURNING t.id, t.state, t.workflow_id
     )
     -- A step after one that has just ended was held until now: one that
     -- reads released here was released by this statement.
-    SELECT coalesce(array_agg(id) FILTER (WHERE state = 'released'), '{}')
-    INTO ready_ids FROM moved;
-    PERFORM pgqueue_workflow_insert_messages(ready_ids);
+    SELECT coalesce(array_agg(id) FILTER (WHERE state = 'released'), '{}'),
+        coalesce(array_agg(workflow_id) FILTER (WHERE state = 'released'), '{}')
+    INTO ready_ids, ready_workflows FROM moved;
+    IF cardinality(ready_ids) > 0 THEN
+        PERFORM pgqueue_workflow_insert_messages(ready_ids);
+    END IF;
     released := cardinality(ready_ids);
     FOR per_workflow IN
-        WITH counted AS (
-            SELECT workflow_id AS wf, 0 AS done, 1 AS released FROM django_pgqueue_workflowstep
-            WHERE id = ANY(ready_ids)
-            UNION ALL
-            SELECT workflow_id, 1, 0 FROM django_pgqueue_workflowstep WHERE id = ANY(done_ids)
-        )
         SELECT wf, sum(done)::integer AS done, sum(counted.released)::integer AS released
-        FROM counted GROUP BY wf
+        FROM (
+            SELECT unnest(done_workflows) AS wf, 1 AS done, 0 AS released
+            UNION ALL
+            SELECT unnest(ready_workflows), 0, 1
+        ) AS counted
+        GROUP BY wf
     LOOP
         PERFORM pgqueue_workflow_count(
             per_workflow.wf, 0, -per_workflow.done, per_workflow.released - per_workflow.done,
@@ -213,8 +218,7 @@ BEGIN
     END LOOP;
     finished := ARRAY(
         SELECT status FROM django_pgqueue_workflow
-        WHERE steps_unfinished = 0
-          AND id IN (SELECT workflow_id FROM django_pgqueue_workflowstep WHERE id = ANY(done_ids)));
+        WHERE steps_unfinished = 0 AND id = ANY(done_workflows));
 END;
 $$;
 
@@ -327,7 +331,7 @@ DROP = """
 DROP FUNCTION pgqueue_workflow_steps_given_up(bigint[]);
 DROP FUNCTION pgqueue_workflow_steps_revived(bigint[], bigint[]);
 DROP FUNCTION pgqueue_workflow_steps_dead(bigint[]);
-DROP FUNCTION pgqueue_workflow_steps_done(bigint[], jsonb[]);
+DROP FUNCTION pgqueue_workflow_steps_done(bigint[], jsonb);
 DROP FUNCTION pgqueue_workflow_followers(bigint[]);
 DROP FUNCTION pgqueue_workflow_release(bigint[]);
 DROP FUNCTION pgqueue_workflow_insert_messages(bigint[]);

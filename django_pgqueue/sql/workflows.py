@@ -8,18 +8,23 @@ from __future__ import annotations
 # statement, whatever their number: one JSON array of arrays (see
 # storing.step_document for the order), and the edges as [step, after]
 # name pairs, resolved against the new steps and, for a handler's additions,
-# the workflow's existing ones.
+# the workflow's existing ones. Each step's message id is drawn now, in
+# step order, from the queue table's sequence (migration 0018: the release
+# then changes no indexed column of the step).
 INSERT_STEPS_SQL = """
 WITH input AS (
     SELECT r, n FROM jsonb_array_elements(%(steps)s::jsonb) WITH ORDINALITY AS i(r, n)
 ), inserted AS (
     INSERT INTO django_pgqueue_workflowstep (
         workflow_id, name, state, waiting_for, allow_failed, queue, topic, payload, headers,
-        priority, run_at, delay_seconds, max_attempts, group_key, partition_key, created_at)
+        priority, run_at, delay_seconds, max_attempts, group_key, partition_key, created_at,
+        message_id)
     SELECT %(workflow)s, r->>0, 'held', (r->>1)::integer, (r->>2)::boolean, r->>3, r->>4, r->5,
         r->6, (r->>7)::smallint, (r->>8)::timestamptz, (r->>9)::float8, (r->>10)::integer,
-        r->>11, r->>12, now()
-    FROM input ORDER BY n
+        r->>11, r->>12, now(), nextval(seq.ids)
+    FROM input, (SELECT pg_get_serial_sequence('django_pgqueue_message', 'id')::regclass AS ids)
+        AS seq
+    ORDER BY n
     RETURNING id, name, waiting_for
 ), edges AS (
     INSERT INTO django_pgqueue_workflowdependency (step_id, after_id)
@@ -46,7 +51,21 @@ RETURNING id
 
 COUNT_SQL = "SELECT pgqueue_workflow_count(%s, %s, %s, 0, 0, 0)"
 RELEASE_SQL = "SELECT pgqueue_workflow_release(%s::bigint[])"
-DONE_SQL = "SELECT released, finished FROM pgqueue_workflow_steps_done(%s::bigint[], %s::jsonb[])"
+# The steps' ids as an array literal, their results as one JSON object
+# (each step's by its id): bookkeeping.done_params.
+DONE_SQL = "SELECT released, finished FROM pgqueue_workflow_steps_done(%s::bigint[], %s::jsonb)"
+# DONE_SQL right after the acknowledgement of the steps' messages, in the
+# same round trip (lifecycle.ack_then): of the steps given, those whose
+# message the acknowledgement deleted. A message whose lease was lost is
+# still in the queue, or ran again elsewhere; its step is not this
+# acknowledgement's to move.
+ACKED_DONE_SQL = """
+SELECT released, finished FROM pgqueue_workflow_steps_done(ARRAY(
+    SELECT s.id FROM django_pgqueue_workflowstep AS s
+    WHERE s.id = ANY(%s::bigint[])
+      AND NOT EXISTS (SELECT FROM django_pgqueue_message AS m WHERE m.id = s.message_id)
+), %s::jsonb)
+"""
 DEAD_SQL = "SELECT pgqueue_workflow_steps_dead(%s::bigint[])"
 REVIVED_SQL = "SELECT pgqueue_workflow_steps_revived(%s::bigint[], %s::bigint[])"
 GIVEN_UP_SQL = "SELECT pgqueue_workflow_steps_given_up(%s::bigint[])"

@@ -13,7 +13,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from django.db import transaction
+from django.db import connections, transaction
 
 from django_pgqueue import conf, lifecycle
 from django_pgqueue.db import drop_broken_connections, first_line
@@ -140,13 +140,23 @@ class Acks:
         steps after them released), in one transaction; on failure they
         wait to be flushed again."""
         using = conf.database_alias()
+        messages = [job.message for job in jobs]
+        steps = [(job.message, str(job.step_result)) for job in jobs]
         try:
-            with transaction.atomic(using=using):
-                finished, busy = lifecycle.ack_unlocked([job.message for job in jobs])
-                done = [job for job in jobs if job.message.id in finished]
-                moved = bookkeeping.finished(
-                    [(job.message, str(job.step_result)) for job in done], using
+            if bookkeeping.adds_steps(messages):
+                with transaction.atomic(using=using):  # the added steps, with the rest
+                    finished, moved = bookkeeping.acknowledge(
+                        messages, steps, using, skip_locked=True
+                    )
+            else:
+                # One statement in autocommit, its commit not waiting for the
+                # WAL flush, like ack_unlocked's: a lost acknowledgement
+                # loses its step's end with it, and the message runs again.
+                async_commit = not connections[using].in_atomic_block
+                finished, moved = bookkeeping.acknowledge(
+                    messages, steps, using, async_commit=async_commit, skip_locked=True
                 )
+            busy = lifecycle.unacknowledged(messages, finished)
         except BaseException:
             self.put_back(jobs)
             raise

@@ -143,18 +143,28 @@ class AtomicBatches:
                     batch.append(taken)
                     job = taken
                 keep = [j for j in succeeded if not j.abandoned]
-                # Workflow steps move in the acknowledgement's transaction.
-                steps = [j for j in keep if j.message.workflow_step_id is not None]
+                # Workflow steps move in the acknowledgement's transaction
+                # (and its round trip).
+                steps = [
+                    (j.message, str(j.step_result))
+                    for j in keep
+                    if j.message.workflow_step_id is not None
+                ]
+                moved = None
                 if keep:
                     try:
                         # No handler of the batch ran a query: the
                         # acknowledgement commits alone, in one round trip.
                         with (
                             nullcontext(False)
-                            if steps
+                            if bookkeeping.adds_steps(m for m, _ in steps)
                             else autocommit_if_unused(connection) as alone
                         ):
-                            acked = lifecycle.ack_leased([j.message for j in keep])
+                            messages = [j.message for j in keep]
+                            if steps:
+                                acked, moved = bookkeeping.acknowledge(messages, steps, using)
+                            else:
+                                acked = lifecycle.ack_leased(messages)
                     except DatabaseError as exc:
                         if not lock_timed_out(exc):
                             raise
@@ -174,10 +184,7 @@ class AtomicBatches:
                         for job in reversed(lost):
                             start, end = registered[job]
                             del connection.run_on_commit[start:end]
-                    if steps:
-                        moved = bookkeeping.finished(
-                            [(j.message, str(j.step_result)) for j in steps], using
-                        )
+                    if moved is not None:
                         self.outcomes.metrics.workflows(moved.released, moved.finished)
         except _BatchRolledBack:
             # Rolled back: run again, alone, the jobs that still held their lease

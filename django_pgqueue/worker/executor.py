@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 from django.db import DatabaseError, connections, transaction
@@ -20,6 +21,7 @@ from django_pgqueue.db import (
     lock_timed_out,
 )
 from django_pgqueue.exceptions import HandlerTimeout
+from django_pgqueue.lifecycle.guards import log_lease_lost
 from django_pgqueue.models import Category, Message
 from django_pgqueue.worker.acks import Acks
 from django_pgqueue.worker.atomic import AtomicBatches
@@ -99,20 +101,19 @@ class Executor:
                     job.run_handler()
                     if job.abandoned:
                         raise LeaseLost
+                    # A handler that ran no query: its acknowledgement
+                    # commits alone, in one round trip (with its step's
+                    # bookkeeping, if it runs one).
+                    with (
+                        nullcontext()
+                        if bookkeeping.adds_steps([message])
+                        else autocommit_if_unused(connection)
+                    ):
+                        moved = _ack_waiting_for_locks(message, job.step_result)
+                    if moved is None:
+                        raise LeaseLost
                     if message.workflow_step_id is not None:
-                        # Its step moves in the acknowledgement's transaction.
-                        if not _ack_waiting_for_locks(message):
-                            raise LeaseLost
-                        moved = bookkeeping.finished(
-                            [(message, str(job.step_result))], connection.alias
-                        )
                         self.metrics.workflows(moved.released, moved.finished)
-                    else:
-                        # A handler that ran no query: its acknowledgement
-                        # commits alone, in one round trip.
-                        with autocommit_if_unused(connection):
-                            if not _ack_waiting_for_locks(message):
-                                raise LeaseLost
                 outcome = DONE
             else:
                 job.run_handler()
@@ -202,11 +203,20 @@ class Executor:
             self.finished(other, self.outcomes.record_failure(other, failure))
 
 
-def _ack_waiting_for_locks(message: Message) -> bool:
-    """``lifecycle.ack``; a lock timeout (another transaction holds the row)
-    raises _AckLocked."""
+def _ack_waiting_for_locks(message: Message, step_result: str | None) -> bookkeeping.Moved | None:
+    """``lifecycle.ack``, with the bookkeeping of its workflow step's end if
+    it runs one (``step_result``: the handler's result as JSON text): what
+    the step's end did, None if the lease was lost. A lock timeout (another
+    transaction holds the row) raises _AckLocked."""
     try:
-        return lifecycle.ack(message)
+        if message.workflow_step_id is None:
+            return bookkeeping.Moved() if lifecycle.ack(message) else None
+        steps = [(message, str(step_result))]
+        acked, moved = bookkeeping.acknowledge([message], steps, conf.database_alias())
+        if acked:
+            return moved
+        log_lease_lost(message, "not acknowledged")
+        return None
     except DatabaseError as exc:
         if not lock_timed_out(exc):
             raise

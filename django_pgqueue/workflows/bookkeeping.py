@@ -7,12 +7,13 @@ message that runs no step never comes here (its callers check
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from django.db import connections
 
+from django_pgqueue.lifecycle.acks import ack_leased, ack_then
 from django_pgqueue.sql import workflows as workflows_sql
 
 if TYPE_CHECKING:
@@ -35,24 +36,71 @@ def finished(messages: Sequence[tuple[Message, str]], using: str) -> Moved:
     their acknowledgement."""
     from django_pgqueue.workflows.storing import insert_steps
 
-    ids, results = [], []
     moved = Moved()
     if not messages:
         return moved
     with connections[using].cursor() as cursor:
-        for message, value in messages:
+        for message, _ in messages:
             run = message.__dict__.get("workflow")  # the handle, if the handler used it
             if run is not None and run.added:
                 moved.released += insert_steps(
                     cursor, run.pk, run.added, run.added_graph(), ending=run.step_name
                 )
-            ids.append(message.workflow_step_id)
-            results.append(value)
-        cursor.execute(workflows_sql.DONE_SQL, [ids, results])
+        cursor.execute(workflows_sql.DONE_SQL, done_params(messages))
         released, workflows = cursor.fetchone()
     moved.released += released
     moved.finished += workflows
     return moved
+
+
+def acknowledge(
+    messages: Sequence[Message],
+    steps: Sequence[tuple[Message, str]],
+    using: str,
+    *,
+    async_commit: bool = False,
+    skip_locked: bool = False,
+) -> tuple[set[int], Moved]:
+    """Acknowledge ``messages`` (as lifecycle.ack_leased, same options) and
+    move the steps of those acknowledged among ``steps`` (each message of
+    ``messages`` that runs a step, with its handler's result as JSON text).
+    Returns the ids acknowledged and what the steps' ends did.
+
+    Both go in one round trip (lifecycle.ack_then): in autocommit they are
+    one implicit transaction, and the workflows' rows stay locked only for
+    that statement, not until the worker's thread comes back to commit.
+    When a handler added steps (``adds_steps``) they are written first, by
+    those acknowledged only, in the caller's transaction (one it must have
+    opened)."""
+    if adds_steps(message for message, _ in steps):
+        acked = ack_leased(messages, async_commit, skip_locked)
+        return acked, finished([(m, value) for m, value in steps if m.id in acked], using)
+    then = (workflows_sql.ACKED_DONE_SQL, done_params(steps))
+    acked, row = ack_then(messages, then, async_commit, skip_locked)
+    assert row is not None
+    released, workflows = row
+    return acked, Moved(released, list(workflows))
+
+
+def done_params(steps: Sequence[tuple[Message, str]]) -> list[str]:
+    """DONE_SQL's parameters for ``steps`` (each message with its handler's
+    result as JSON text): the steps' ids as an array literal, and their
+    results as one JSON object by step id, written from the texts as they
+    are (the driver would quote a list element by element)."""
+    ids = ",".join(str(int(m.workflow_step_id)) for m, _ in steps)  # type: ignore[arg-type]
+    results = ",".join(f'"{int(m.workflow_step_id)}":{value}' for m, value in steps)  # type: ignore[arg-type]
+    return ["{" + ids + "}", "{" + results + "}"]
+
+
+def adds_steps(messages: Iterable[Message]) -> bool:
+    """Whether the handler of any of ``messages`` added steps to its workflow
+    (``message.workflow.add``): they are written with its acknowledgement,
+    in a transaction."""
+    for message in messages:
+        run = message.__dict__.get("workflow")  # the handle, if the handler used it
+        if run is not None and run.added:
+            return True
+    return False
 
 
 def dead_lettered(message_ids: Sequence[int], using: str) -> None:
