@@ -157,7 +157,7 @@ class AtomicBatches:
                         # acknowledgement commits alone, in one round trip.
                         with (
                             nullcontext(False)
-                            if bookkeeping.adds_steps(m for m, _ in steps)
+                            if steps and bookkeeping.adds_steps(m for m, _ in steps)
                             else autocommit_if_unused(connection) as alone
                         ):
                             messages = [j.message for j in keep]

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import logging
 import time
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 from django.db import DatabaseError, connections, transaction
@@ -101,18 +102,23 @@ class Executor:
                     job.run_handler()
                     if job.abandoned:
                         raise LeaseLost
-                    # A handler that ran no query: its acknowledgement
-                    # commits alone, in one round trip (with its step's
-                    # bookkeeping, if it runs one).
-                    with (
-                        nullcontext()
-                        if bookkeeping.adds_steps([message])
-                        else autocommit_if_unused(connection)
-                    ):
-                        moved = _ack_waiting_for_locks(message, job.step_result)
-                    if moved is None:
-                        raise LeaseLost
-                    if message.workflow_step_id is not None:
+                    if message.workflow_step_id is None:
+                        # A handler that ran no query: its acknowledgement
+                        # commits alone, in one round trip.
+                        with autocommit_if_unused(connection):
+                            if not _ack_waiting_for_locks(message):
+                                raise LeaseLost
+                    else:
+                        # So does a step's, with its bookkeeping (unless its
+                        # handler added steps: they are written first).
+                        with (
+                            nullcontext()
+                            if bookkeeping.adds_steps([message])
+                            else autocommit_if_unused(connection)
+                        ):
+                            moved = _ack_step_waiting_for_locks(message, job.step_result)
+                        if moved is None:
+                            raise LeaseLost
                         self.metrics.workflows(moved.released, moved.finished)
                 outcome = DONE
             else:
@@ -203,20 +209,33 @@ class Executor:
             self.finished(other, self.outcomes.record_failure(other, failure))
 
 
-def _ack_waiting_for_locks(message: Message, step_result: str | None) -> bookkeeping.Moved | None:
-    """``lifecycle.ack``, with the bookkeeping of its workflow step's end if
-    it runs one (``step_result``: the handler's result as JSON text): what
-    the step's end did, None if the lease was lost. A lock timeout (another
-    transaction holds the row) raises _AckLocked."""
-    try:
-        if message.workflow_step_id is None:
-            return bookkeeping.Moved() if lifecycle.ack(message) else None
-        steps = [(message, str(step_result))]
+def _ack_waiting_for_locks(message: Message) -> bool:
+    """``lifecycle.ack``; a lock timeout (another transaction holds the row)
+    raises _AckLocked."""
+    with _lock_timeout_raises():
+        return lifecycle.ack(message)
+
+
+def _ack_step_waiting_for_locks(message: Message, result: str | None) -> bookkeeping.Moved | None:
+    """``lifecycle.ack`` of a workflow step's message with its step's
+    bookkeeping (``result``: the handler's result as JSON text): what the
+    step's end did, None if the lease was lost. A lock timeout raises
+    _AckLocked."""
+    with _lock_timeout_raises():
+        steps = [(message, str(result))]
         acked, moved = bookkeeping.acknowledge([message], steps, conf.database_alias())
-        if acked:
-            return moved
-        log_lease_lost(message, "not acknowledged")
-        return None
+    if acked:
+        return moved
+    log_lease_lost(message, "not acknowledged")
+    return None
+
+
+@contextmanager
+def _lock_timeout_raises() -> Iterator[None]:
+    """An acknowledgement that waited past LOCK_TIMEOUT for a row lock
+    raises _AckLocked."""
+    try:
+        yield
     except DatabaseError as exc:
         if not lock_timed_out(exc):
             raise
