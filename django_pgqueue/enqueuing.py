@@ -92,9 +92,10 @@ def enqueue(
     ``"tenant:42"``) puts the message in that partition of its queue;
     without one it is in the queue's default partition. The key is kept
     with the message, its dead letter and its revival, and shown per queue
-    by ``pgqueue_status`` and the Queues page; claims do not read it yet
-    (a fair order between partitions and per-partition limits come with
-    the rest of issue 38).
+    by ``pgqueue_status`` and the Queues page. The claim shares a queue
+    fairly between its partitions (unless the queue's settings say
+    ``"fair": False``), and a queue's ``"partition"`` limits hold for each
+    of them (docs: *Fair shares between tenants*).
     """
 
     def insert(headers: dict[str, Any] | None) -> Message:
