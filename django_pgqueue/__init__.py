@@ -14,6 +14,8 @@ __version__ = "0.1.0.dev0"
 _API = {
     "enqueue": "django_pgqueue.enqueuing",
     "enqueue_many": "django_pgqueue.enqueuing",
+    "aenqueue": "django_pgqueue.enqueuing_async",
+    "aenqueue_many": "django_pgqueue.enqueuing_async",
     "handler": "django_pgqueue.registry",
     "Retry": "django_pgqueue.exceptions",
     "Permanent": "django_pgqueue.exceptions",
@@ -28,6 +30,7 @@ _API = {
     "resume_queue": "django_pgqueue.controls",
     "paused_queues": "django_pgqueue.controls",
     "cancel": "django_pgqueue.lifecycle",
+    "acancel": "django_pgqueue.lifecycle",
     "cancel_requested": "django_pgqueue.running",
     "QueueControlError": "django_pgqueue.exceptions",
     # streams (the transactional outbox)

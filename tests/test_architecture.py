@@ -67,6 +67,7 @@ LAYERS = [
         "operations",
         [
             "django_pgqueue.enqueuing",
+            "django_pgqueue.enqueuing_async",  # aenqueue(), aenqueue_many(): for async code
             "django_pgqueue.lifecycle",
             "django_pgqueue.controls",  # pause, resume, limits (QueueState)
             "django_pgqueue.groups",

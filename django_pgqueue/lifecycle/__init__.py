@@ -34,7 +34,7 @@ from django_pgqueue.lifecycle.acks import (
     still_leased,
     unacknowledged,
 )
-from django_pgqueue.lifecycle.cancel import CancelResult, cancel, cancel_running
+from django_pgqueue.lifecycle.cancel import CancelResult, acancel, cancel, cancel_running
 from django_pgqueue.lifecycle.claim import (
     ClaimResult,
     LimitState,
@@ -60,6 +60,7 @@ __all__ = [
     "CancelResult",
     "ClaimResult",
     "LimitState",
+    "acancel",
     "ack",
     "ack_and_claim_rows",
     "ack_leased",

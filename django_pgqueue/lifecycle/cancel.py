@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.db import transaction
 from django.db.models import QuerySet
 from django.db.models.functions import Coalesce
@@ -90,6 +91,19 @@ def cancel(
         extra={"state": "cancel", **result.as_dict()},
     )
     return result
+
+
+async def acancel(
+    messages: Messages, *, by: str = "", now: datetime.datetime | None = None
+) -> CancelResult:
+    """``cancel()`` for async code: the same arguments, result and errors
+    (``QueueControlError``). It runs ``cancel()`` through
+    ``sync_to_async(thread_sensitive=True)``, on the connection of your sync
+    ORM code, as Django's async ORM methods do: a queryset is evaluated
+    there, and each chunk's transaction is a savepoint of the transaction
+    open there on the queue's database, if any, else commits at once (docs:
+    *Async code*)."""
+    return await sync_to_async(cancel, thread_sensitive=True)(messages, by=by, now=now)
 
 
 def cancel_running(

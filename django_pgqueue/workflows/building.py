@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from asgiref.sync import sync_to_async
+
 from django_pgqueue import conf
 from django_pgqueue.exceptions import WorkflowError
 from django_pgqueue.models.workflows import NAME_MAX_LENGTH
@@ -132,6 +134,14 @@ class Workflow:
 
         storing.write(self.name, list(self.steps.values()), graph, using, written)
         return run
+
+    async def aenqueue(self, using: str | None = None) -> WorkflowRun:
+        """``enqueue()`` for async code: the same argument, checks, errors
+        (``WorkflowError``, ``InvalidMessage``) and ``WorkflowRun``. It runs
+        ``enqueue()`` through ``sync_to_async(thread_sensitive=True)``, on
+        the connection of your sync ORM code: in the transaction that sync
+        code opened there, else committed at once (docs: *Async code*)."""
+        return await sync_to_async(self.enqueue, thread_sensitive=True)(using)
 
     def graph(self) -> dict[str, list[str]]:
         """{step name: names of the steps it follows}, checked: every name

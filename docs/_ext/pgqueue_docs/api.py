@@ -21,6 +21,7 @@ from pgqueue_docs.source import (
 # Titles for the names of the public map that no comment groups.
 API_TITLES = {
     "django_pgqueue.enqueuing": "Enqueueing",
+    "django_pgqueue.enqueuing_async": "Enqueueing",
     "django_pgqueue.registry": "Handlers",
     "django_pgqueue.deadletters": "Dead letters",
 }
