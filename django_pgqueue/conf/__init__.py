@@ -43,6 +43,7 @@ from django_pgqueue.conf.limits import (
 from django_pgqueue.conf.problems import (
     RULE_CONDITIONS,
     alias_problem,
+    async_concurrency_problem,
     host_problem,
     is_int,
     name_problem,
@@ -77,6 +78,7 @@ __all__ = [
     "database_alias",
     "get",
     "hide_secrets",
+    "async_concurrency_problem",
     "host_problem",
     "is_int",
     "milliseconds",

@@ -72,6 +72,10 @@ DEFAULTS: dict[str, Any] = {
     "LEASE_SECONDS": 60.0,
     # Seconds between polls when no notification arrives (jittered +-10%).
     "POLL_INTERVAL": 5.0,
+    # The most async handlers (``async def``, atomic=False) a worker runs at
+    # once on its event loop, beside its handler threads (pgqueue_worker
+    # --async-concurrency): they wait on the network together, in one thread.
+    "ASYNC_CONCURRENCY": 100,
     # The queues this project runs workers for. Health checks expect a live
     # worker for each, status and metrics report each even when empty, and
     # pgqueue_worker serves them when given no --queues. None: [DEFAULT_QUEUE].

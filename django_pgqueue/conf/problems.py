@@ -165,6 +165,17 @@ def _positive_int(value: object) -> Problem:
     return "must be a whole number of at least 1"
 
 
+# The most coroutines a worker's event loop runs at once: each holds a
+# message, its lease extended by the heartbeat.
+ASYNC_CONCURRENCY_MAX = 100_000
+
+
+def async_concurrency_problem(value: object) -> Problem:
+    if is_int(value) and 1 <= value <= ASYNC_CONCURRENCY_MAX:
+        return None
+    return f"must be a whole number from 1 to {ASYNC_CONCURRENCY_MAX:,}"
+
+
 def _non_negative_int(value: object) -> Problem:
     if is_int(value) and value >= 0:
         return None
@@ -361,6 +372,7 @@ CHECKS: dict[str, Callable[[Any], Problem]] = {
     "CLASSIFIER": _classifier,
     "LEASE_SECONDS": _positive_number,
     "POLL_INTERVAL": _positive_number,
+    "ASYNC_CONCURRENCY": async_concurrency_problem,
     "QUEUES": _queues,
     "HEARTBEAT_INTERVAL": _positive_number,
     "LOG_SUMMARY_INTERVAL": _seconds_or_zero,

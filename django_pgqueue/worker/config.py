@@ -9,8 +9,9 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from django_pgqueue import conf
+from django_pgqueue import conf, registry
 from django_pgqueue.observability.metrics import NullMetrics, WorkerMetrics
+from django_pgqueue.registry import HandlerSpec
 
 # What a worker reports its counters and histograms to.
 Metrics = WorkerMetrics | NullMetrics
@@ -26,6 +27,13 @@ DEFAULT_BATCH_SIZE = 200
 # do not wait in this worker while another one is free.
 AUTO_PREFETCH_SECONDS = 0.1
 AUTO_PREFETCH_BATCHES = 2
+
+
+def on_event_loop(specs: Iterable[HandlerSpec]) -> bool:
+    """Whether any of the handlers ``specs`` runs on the event loop: an
+    ``async def`` one with atomic=False (an atomic one needs its thread's
+    transaction)."""
+    return any(spec.is_async and not spec.atomic for spec in specs)
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,12 @@ class WorkerConfig:
     # {queue: weight}: the claims shared between the queues by weight
     # (QueueShares); empty: each claim takes the queues in order.
     weights: dict[str, int] = field(default_factory=dict)
+    # The most async handlers (async def, atomic=False) running at once on
+    # its event loop (worker.event_loop); 0: no event loop, none of the
+    # project's handlers being one (async handlers with atomic=True run in
+    # the handler threads, their ORM calls in the acknowledgement's
+    # transaction).
+    async_concurrency: int = 0
 
     @classmethod
     def resolve(
@@ -68,6 +82,7 @@ class WorkerConfig:
         poll_interval: float | None,
         lease_seconds: float | None,
         worker_id: str | None,
+        async_concurrency: int | None = None,
     ) -> WorkerConfig:
         """The Worker's arguments (None: the default) over the settings."""
         hostname = socket.gethostname()
@@ -85,6 +100,11 @@ class WorkerConfig:
             problem = conf.weight_problem(weight)
             if problem:
                 raise ValueError(f"queue {name!r}: its weight {problem} (got {weight!r})")
+        if async_concurrency is None:
+            async_concurrency = conf.get("ASYNC_CONCURRENCY")
+        problem = conf.async_concurrency_problem(async_concurrency)
+        if problem:
+            raise ValueError(f"async_concurrency {problem} (got {async_concurrency!r})")
         return cls(
             worker_id=worker_id or f"{hostname}:{os.getpid()}:{uuid.uuid4().hex[:6]}",
             hostname=hostname,
@@ -102,6 +122,7 @@ class WorkerConfig:
             listen=conf.get("NOTIFY"),
             heartbeat_interval=conf.get("HEARTBEAT_INTERVAL"),
             log_summary_interval=conf.get("LOG_SUMMARY_INTERVAL"),
+            async_concurrency=async_concurrency if on_event_loop(registry.all_handlers()) else 0,
         )
 
     @property
@@ -111,10 +132,15 @@ class WorkerConfig:
         return ",".join(f"{name}={weights[name]}" if weights else name for name in self.queues)
 
     @property
+    def running_capacity(self) -> int:
+        """Handlers it runs at once: one per thread, and the event loop's."""
+        return self.concurrency + self.async_concurrency
+
+    @property
     def capacity(self) -> int:
-        """Messages it holds at most: one per thread, and the prefetched
+        """Messages it holds at most: the running ones, and the prefetched
         (with ``prefetch_auto``, the Ledger's capacity is at most this)."""
-        return self.concurrency + self.prefetch
+        return self.running_capacity + self.prefetch
 
     @property
     def thread_beat_after(self) -> float:

@@ -106,6 +106,7 @@ class QueueControls:
         """Cancellation was asked for the messages ``ids``: tell the handlers
         of those this worker holds (their ``cancel_requested()``)."""
         for job in self._ledger.request_cancel(ids):
+            job.interrupt("cancellation asked")  # an async handler's task: cancelled
             message = job.message
             logger.info(
                 "Message id=%s topic=%s attempt=%s: cancellation asked; its handler is told",

@@ -14,6 +14,9 @@ Threads of one worker process:
   liveness (when the polls did not) and runs maintenance (``heartbeat``);
 - ``concurrency`` handler threads run the handlers (``executor``, ``pool``,
   ``atomic``) and acknowledge batches (``acks``);
+- with async handlers (``async def``, atomic=False), an event loop runs up
+  to ``async_concurrency`` of them at once, and settling threads record
+  how their runs ended (``event_loop``);
 - with stream subscriptions, the delivery threads (``worker.streams``);
 - with periodic schedules, the scheduler (``scheduler``), which enqueues
   their ticks (a --burst worker runs one round before it starts).
@@ -44,6 +47,7 @@ from django_pgqueue.worker.acks import Acks
 from django_pgqueue.worker.claiming import Claimer
 from django_pgqueue.worker.config import Metrics, WorkerConfig
 from django_pgqueue.worker.controls import QueueControls
+from django_pgqueue.worker.event_loop import EventLoop
 from django_pgqueue.worker.executor import Executor
 from django_pgqueue.worker.heartbeat import Heartbeat
 from django_pgqueue.worker.ledger import Ledger
@@ -86,6 +90,7 @@ class Worker:
         metrics: Metrics | None = None,
         subscriptions: str | Sequence[str] | None = None,
         schedules: bool | Sequence[ScheduleSpec] = True,
+        async_concurrency: int | None = None,
     ) -> None:
         self.config = WorkerConfig.resolve(
             queues=queues,
@@ -98,6 +103,7 @@ class Worker:
             poll_interval=poll_interval,
             lease_seconds=lease_seconds,
             worker_id=worker_id,
+            async_concurrency=async_concurrency,
         )
         self.metrics = metrics or NullMetrics()
         # Streams: the subscriptions it delivers to ("all", "none"/None, or
@@ -115,7 +121,9 @@ class Worker:
         self._executor = Executor(
             config, self._ledger, self._pool, self._wakeup, self._acks, outcomes, metrics
         )
-        parts = (self._ledger, self._wakeup, self._acks, self._pool.submit, metrics)
+        if config.async_concurrency:  # an async handler (atomic=False) is registered
+            self._executor.event_loop = EventLoop(config, self._executor)
+        parts = (self._ledger, self._wakeup, self._acks, self._executor.dispatch, metrics)
         self._claimer = Claimer(config, *parts, self._controls)
         self._stopping = threading.Event()  # no more claims
         self._exit = threading.Event()  # helper threads end
@@ -157,17 +165,10 @@ class Worker:
             raise RuntimeError("Worker.run() cannot be called inside a transaction")
         config = self.config
         previous = shutdown.install_signals(self.worker_id, self.stop) if install_signals else None
-        logger.info(
-            "Worker %s starting: queues=%s concurrency=%s batch=%s prefetch=%s notify=%s lease=%ss",
-            self.worker_id,
-            config.queues_text,
-            config.concurrency,
-            config.batch_size,
-            f"auto(<={config.prefetch})" if config.prefetch_auto else config.prefetch,
-            config.listen,
-            config.lease_seconds,
-        )
+        _log_start(config)
         self._pool.start(self._executor.run_job)
+        if self._executor.event_loop is not None:
+            self._executor.event_loop.start()
         self.metrics.track_inflight(self._ledger.count)
         self._threads.append(self._heartbeat.start())
         if self._scheduler is not None and not config.burst:
@@ -355,6 +356,9 @@ class Worker:
         if self._streams is not None:  # streams: let the batch in hand finish
             self._streams.stop(max(0.0, deadline - time.monotonic()))
         shutdown.hand_back_leftover(self._ledger, self.worker_id)
+        if self._executor.event_loop is not None:
+            # Its coroutines still running were handed back: cancelled now.
+            self._executor.event_loop.stop()
         self._exit.set()
         self._heartbeat.stop()
         if self._scheduler is not None:
@@ -364,6 +368,20 @@ class Worker:
             thread.join(timeout=5)
         shutdown.unregister(self.worker_id)
         connections.close_all()
+
+
+def _log_start(config: WorkerConfig) -> None:
+    logger.info(
+        "Worker %s starting: queues=%s concurrency=%s%s batch=%s prefetch=%s notify=%s lease=%ss",
+        config.worker_id,
+        config.queues_text,
+        config.concurrency,
+        f" async_concurrency={config.async_concurrency}" if config.async_concurrency else "",
+        config.batch_size,
+        f"auto(<={config.prefetch})" if config.prefetch_auto else config.prefetch,
+        config.listen,
+        config.lease_seconds,
+    )
 
 
 def _error_hint(exc: DatabaseError) -> str:

@@ -27,6 +27,7 @@ from django_pgqueue.models import Category, Message
 from django_pgqueue.worker.acks import Acks
 from django_pgqueue.worker.atomic import AtomicBatches
 from django_pgqueue.worker.config import Metrics, WorkerConfig
+from django_pgqueue.worker.event_loop import EventLoop
 from django_pgqueue.worker.job import ACK_PENDING, DONE, LOST, SETTLED, Job, LeaseLost
 from django_pgqueue.worker.ledger import Ledger
 from django_pgqueue.worker.outcomes import Outcomes
@@ -52,6 +53,8 @@ class Executor:
     outcomes: Outcomes
     metrics: Metrics
     atomic: AtomicBatches = field(init=False)
+    # Runs the async handlers with atomic=False, when the worker has one.
+    event_loop: EventLoop | None = None
 
     def __post_init__(self) -> None:
         self.atomic = AtomicBatches(self.config, self.ledger, self.pool, self.outcomes, self)
@@ -70,9 +73,30 @@ class Executor:
         else:
             self.run_one(job)
 
+    def dispatch(self, job: Job) -> None:
+        """Hand a claimed job to what runs it: the event loop for an async
+        handler with atomic=False (when the worker has one), else the
+        handler threads."""
+        spec, loop = job.spec, self.event_loop
+        if loop is not None and spec is not None and spec.is_async and not spec.atomic:
+            loop.submit(job)
+        else:
+            self.pool.submit(job)
+
     def start(self, job: Job) -> bool:
-        """Take ``job`` for this thread (``Ledger.start``); False if it was
-        handed back or abandoned meanwhile."""
+        """Take ``job`` for this thread (``begin``); False if it was handed
+        back or abandoned meanwhile, or ended cancelled before it started."""
+        if not self.begin(job):
+            return False
+        if job.cancel_requested:  # told before it started: it never runs
+            self.settle(job, None, ran=False)
+            return False
+        return True
+
+    def begin(self, job: Job) -> bool:
+        """``Ledger.start`` for the thread or task that runs ``job`` (no
+        database work: the event loop calls it too); False if it was handed
+        back or abandoned meanwhile."""
         if not self.ledger.start(job):
             return False
         if self.ledger.wakes_the_loop(job):
@@ -80,11 +104,26 @@ class Executor:
             # claim, only a new reckoning of when to wake) so that a timeout
             # is noticed when it passes, not at the next poll.
             self.wakeup.set()
-        if job.cancel_requested:  # told before it started: it never runs
-            self.finished(job, self.outcomes.cancelled(job, "cancelled before it started"))
-            return False
-        self.metrics.started(job.message)
+        if not job.cancel_requested:
+            self.metrics.started(job.message)
         return True
+
+    def settle(self, job: Job, failure: BaseException | None, ran: bool = True) -> None:
+        """End a run that took no transaction of the handler's (atomic=False,
+        or never ran): it succeeded (its acknowledgement waits to be
+        flushed), failed with ``failure`` (its retry or dead letter is
+        recorded), or, ``ran`` False, ended cancelled before it started."""
+        if not ran:
+            outcome = self.outcomes.cancelled(job, "cancelled before it started")
+        elif failure is None:
+            outcome = ACK_PENDING
+        else:
+            drop_broken_connections()
+            try:
+                outcome = LOST if job.abandoned else self.outcomes.record_failure(job, failure)
+            finally:
+                drop_broken_connections()
+        self.finished(job, outcome)
 
     def run_one(self, job: Job) -> None:
         """Run one started job in a transaction of its own (atomic) or none."""
@@ -176,7 +215,10 @@ class Executor:
         batch."""
         for job in self.ledger.late(time.monotonic()):
             self.ledger.abandon([job])  # whatever the handler does now is discarded
-            self.pool.abandon(job.thread)
+            if job.task is not None:
+                job.interrupt("timeout")  # an async handler: its task is cancelled
+            else:
+                self.pool.abandon(job.thread)  # a thread: replaced
             timeout = job.spec.timeout if job.spec is not None else None
             logger.warning(
                 "Message id=%s topic=%s attempt=%s: handler ran past its timeout of %ss",

@@ -74,10 +74,46 @@ class Job:
     # With tracing on: the CONSUMER span of its run, ended when the run ends
     # (Executor.finished), after its retry or dead letter is recorded on it.
     span: Any = None
+    # An async handler's run on the worker's event loop (worker.event_loop):
+    # its asyncio task, which a timeout or a cancellation cancels.
+    task: Any = None
     message = _MessageOfRow()
 
     def run_handler(self) -> object:
         """Run its handler on its message, in this thread."""
+        spec, message = self._spec_for_run(), self.message
+        # (Written out, not a context manager shared with run_handler_async:
+        # this runs for every message of the handler threads.)
+        run = running.current.set(self)  # what cancel_requested() reads
+        try:
+            tracer = tracing.tracer()
+            if tracer is None:
+                value = registry.call(spec, message)
+            else:
+                with tracing.active(self._span(tracer)):
+                    value = registry.call(spec, message)
+        finally:
+            running.current.reset(run)
+        return self._returned(value)
+
+    async def run_handler_async(self) -> object:
+        """Run its ``async def`` handler on its message, on this event loop
+        (the run and the span are context variables: each task has its own)."""
+        spec, message = self._spec_for_run(), self.message
+        run = running.current.set(self)
+        try:
+            tracer = tracing.tracer()
+            if tracer is None:
+                value = await spec.func(message)
+            else:
+                with tracing.active(self._span(tracer)):
+                    value = await spec.func(message)
+        finally:
+            running.current.reset(run)
+        return self._returned(value)
+
+    def _spec_for_run(self) -> HandlerSpec:
+        """The handler to run; raises what fails the run before it starts."""
         message = self.message
         undecodable = message.__dict__.get(lifecycle.UNDECODABLE)
         if undecodable:
@@ -86,25 +122,32 @@ class Job:
             raise Permanent(undecodable)
         if self.spec is None:
             raise LookupError(f"no handler for topic {message.topic!r}")
-        run = running.current.set(self)  # what cancel_requested() reads
-        try:
-            tracer = tracing.tracer()
-            if tracer is None:
-                value = registry.call(self.spec, message)
-            else:
-                if self.span is None:  # (an atomic batch that rolled back runs it again)
-                    self.span = tracing.start_consumer(
-                        tracer, message.headers, message.queue, message.topic, message.pk,
-                        message.attempts,
-                    )  # fmt: skip
-                with tracing.active(self.span):
-                    value = registry.call(self.spec, message)
-        finally:
-            running.current.reset(run)
-        if message.workflow_step_id is not None:
+        return self.spec
+
+    def _span(self, tracer: Any) -> Any:
+        """Its CONSUMER span, started on its first run (an atomic batch that
+        rolled back runs it again in the same span)."""
+        if self.span is None:
+            message = self.message
+            self.span = tracing.start_consumer(
+                tracer, message.headers, message.queue, message.topic, message.pk,
+                message.attempts,
+            )  # fmt: skip
+        return self.span
+
+    def _returned(self, value: object) -> object:
+        if self.message.workflow_step_id is not None:
             # Kept with the step (a value JSON cannot hold fails the run).
             self.step_result = result_json(value)
         return value
+
+    def interrupt(self, reason: str) -> None:
+        """Cancel its async handler's task (a timeout, a cancellation asked),
+        from any thread: the coroutine gets CancelledError at its await. A
+        handler in a thread is not interrupted (it reads cancel_requested())."""
+        task = self.task
+        if task is not None:
+            task.get_loop().call_soon_threadsafe(task.cancel, reason)
 
     def end_span(self, outcome: str) -> None:
         """Its run ended with ``outcome``: end its span, if it has one."""

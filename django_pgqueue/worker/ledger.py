@@ -35,7 +35,7 @@ class Ledger:
         # What it may hold: read on every claim and finish. With
         # prefetch_auto it follows the handlers' durations (claim_size),
         # starting with the threads alone until a handler has run.
-        self._capacity = config.concurrency if config.prefetch_auto else config.capacity
+        self._capacity = config.running_capacity if config.prefetch_auto else config.capacity
         self._average_duration: float | None = None  # seconds, prefetch_auto only
         self._stuck = stuck  # handler threads lost to timed-out handlers, not replaced
         self._lock = threading.Lock()
@@ -61,16 +61,17 @@ class Ledger:
             return self._claim_size_locked()
 
     def _auto_capacity(self) -> int:
-        """The threads, and ahead of them what they finish in about
-        AUTO_PREFETCH_SECONDS at the handlers' average duration, at most
-        ``prefetch``: nothing ahead for handlers slower than that."""
+        """The threads (and the event loop's coroutines), and ahead of them
+        what the threads finish in about AUTO_PREFETCH_SECONDS at the
+        handlers' average duration, at most ``prefetch``: nothing ahead for
+        handlers slower than that."""
         config, average = self._config, self._average_duration
         if average is None:
-            return config.concurrency  # no handler has run yet
+            return config.running_capacity  # no handler has run yet
         if average <= 0:
             return config.capacity
         ahead = int(config.concurrency * AUTO_PREFETCH_SECONDS / average)
-        return config.concurrency + min(config.prefetch, ahead)
+        return config.running_capacity + min(config.prefetch, ahead)
 
     def _claim_size_locked(self) -> int:
         config = self._config

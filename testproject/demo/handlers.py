@@ -1,6 +1,7 @@
 """Handlers of the demo project. The demo.* topics show the failure policy;
 the test.* topics are driven by the test suite's worker processes."""
 
+import asyncio
 import os
 import time
 
@@ -121,6 +122,45 @@ async def test_async_batch(message):
         raise RuntimeError("async handler failed after writing")
 
 
+# Async handlers on the worker's event loop (atomic=False): how many are in
+# their handler now, and the most at once (in-process tests read it; all of
+# them run in the loop's one thread).
+ASYNC_RUNNING = {"now": 0, "most": 0}
+
+
+@handler("test.async_wait", atomic=False, backoff_base=0.05, backoff_cap=0.1)
+async def test_async_wait(message):
+    """Waits payload["seconds"] (default 1), counted in ASYNC_RUNNING, then
+    records its run (payload "mark_start": a "started" row first).
+    Cancelled (a timeout, a cancellation asked, shutdown): with payload
+    "catch_cancel" it records a "cancel seen" row and returns, else the
+    cancellation goes on. "fail_times" fails the first attempts."""
+    from asgiref.sync import sync_to_async
+
+    if message.payload.get("mark_start"):  # a "started" row: tests of worker processes
+        await sync_to_async(Handled.objects.create)(
+            message_id=message.pk, topic="started", attempt=message.attempts, pid=os.getpid()
+        )
+    ASYNC_RUNNING["now"] += 1
+    ASYNC_RUNNING["most"] = max(ASYNC_RUNNING["most"], ASYNC_RUNNING["now"])
+    try:
+        await asyncio.sleep(message.payload.get("seconds", 1))
+    except asyncio.CancelledError:
+        if message.payload.get("catch_cancel"):
+            await sync_to_async(Handled.objects.create)(
+                message_id=message.pk, topic="cancel seen", attempt=message.attempts,
+                pid=os.getpid(),
+            )  # fmt: skip
+            return "caught"
+        raise
+    finally:
+        ASYNC_RUNNING["now"] -= 1
+    if message.attempts <= message.payload.get("fail_times", 0):
+        raise RuntimeError("async handler failed")
+    await sync_to_async(record)(message)
+    return "waited"
+
+
 # Atomic batches (several handlers share a transaction): what each one leaves.
 COMMITTED = []  # message ids whose on_commit callback ran (in-process tests)
 # Other clients' connections holding a message's row FOR UPDATE ("nodb_lock"
@@ -229,6 +269,19 @@ def bench_noop_nonatomic(message):
 @handler("bench.latency")
 def bench_latency(message):
     record(message)  # handled_at is taken when the handler starts its write
+
+
+@handler("bench.async_wait", atomic=False)
+async def bench_async_wait(message):
+    """Waits payload["seconds"] on the worker's event loop, as a call to a
+    slow HTTP API would (python -m benchmarks async)."""
+    await asyncio.sleep(message.payload["seconds"])
+
+
+@handler("bench.thread_wait", atomic=False)
+def bench_thread_wait(message):
+    """The same wait in a handler thread, for the thread-based run beside it."""
+    time.sleep(message.payload["seconds"])
 
 
 @handler("test.group")

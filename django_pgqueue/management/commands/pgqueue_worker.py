@@ -12,6 +12,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
 from django_pgqueue import conf
+from django_pgqueue.conf.problems import ASYNC_CONCURRENCY_MAX
 from django_pgqueue.management.options import (
     http_host,
     non_negative_int,
@@ -88,6 +89,13 @@ class Command(BaseCommand):
             type=up_to(1000, "one thread and database connection each"),
             default=4,
             help="handler threads, each with its own database connection (default: 4)",
+        )
+        parser.add_argument(
+            "--async-concurrency",
+            type=up_to(ASYNC_CONCURRENCY_MAX, "one coroutine and message each"),
+            default=None,
+            help="async handlers (async def, atomic=False) run at once on the worker's event "
+            "loop, beside its threads (default: PGQUEUE['ASYNC_CONCURRENCY'], 100)",
         )
         parser.add_argument(
             "--batch-size",
@@ -191,6 +199,7 @@ class Command(BaseCommand):
         worker = Worker(
             queues=options["queues"],
             concurrency=options["concurrency"],
+            async_concurrency=options["async_concurrency"],
             batch_size=options["batch_size"],
             prefetch=options["prefetch"],
             burst=options["burst"],
