@@ -66,6 +66,11 @@ SCENARIOS: dict[str, Scenario] = {
         "a fan-out/fan-in workflow of 10,000 steps: enqueue seconds, drain steps/s beside"
         " plain messages in turn",
     ),
+    "async": Scenario(
+        "benchmarks.scenarios.async_wait",
+        "handlers that wait a second on the worker's event loop beside handler threads:"
+        " drain seconds, peak RSS",
+    ),
     "fair": Scenario(
         "benchmarks.scenarios.fair.main",
         "the fair claim of a million messages in 10,000 partitions beside the plain claim,"
