@@ -110,9 +110,7 @@ def test_a_cancellation_asked_reaches_the_coroutine(counted):
             message="the second message cancelled",
         )
         wait_until(lambda: not Message.objects.filter(pk=message.pk).exists())
-    assert list(Handled.objects.values_list("message_id", "topic")) == [
-        (message.pk, "cancel seen")
-    ]
+    assert list(Handled.objects.values_list("message_id", "topic")) == [(message.pk, "cancel seen")]
 
 
 def test_async_concurrency_is_checked():
@@ -181,3 +179,74 @@ def test_sigterm_waits_for_the_coroutines_then_cancels_them_and_hands_them_back(
     assert [m.pk for m in left] == [m.pk for m in slow]
     assert {(m.status, m.attempts) for m in left} == {(Status.WAITING, 0)}
     assert "handed back 5 unfinished message(s)" in worker.log()
+
+
+# --- what surrounds a run: signals, history, tracing ----------------------------------
+
+
+def test_an_async_run_sends_the_signals_and_is_kept_in_the_history():
+    from django_pgqueue.models import FinishedMessage
+    from django_pgqueue.signals import message_done, message_retried
+
+    done, retried = [], []
+
+    def on_done(sender, message, **kwargs):
+        done.append(message.pk)
+
+    def on_retried(sender, message, **kwargs):
+        retried.append(message.pk)
+
+    message_done.connect(on_done)
+    message_retried.connect(on_retried)
+    try:
+        message = enqueue("test.async_wait", {"seconds": 0, "fail_times": 1})
+        with running_worker(concurrency=1, async_concurrency=10, poll_interval=0.2):
+            wait_until(lambda: not Message.objects.exists(), message="the retry to finish")
+            wait_until(lambda: done == [message.pk], message="message_done sent")
+    finally:
+        message_done.disconnect(on_done)
+        message_retried.disconnect(on_retried)
+    assert retried == [message.pk]
+    assert list(FinishedMessage.objects.values_list("message_id", "outcome", "attempts")) == [
+        (message.pk, "done", 2)
+    ]
+
+
+@pytest.fixture
+def traced_async_handler(monkeypatch):
+    """Tracing on (the SDK's in-memory exporter), and an async handler that
+    keeps the span current in its coroutine."""
+    import asyncio
+
+    from opentelemetry import trace
+
+    from django_pgqueue import tracing
+
+    from .test_tracing import Spans
+
+    spans = Spans()
+    monkeypatch.setattr(tracing, "_tracer", spans.pgqueue_tracer)
+    seen = []
+
+    @handler("test.async_traced", atomic=False)
+    async def traced(message):
+        await asyncio.sleep(0)
+        seen.append(trace.get_current_span().get_span_context().span_id)
+
+    yield spans, seen
+    registry.unregister("test.async_traced")
+
+
+def test_an_async_run_has_its_span_current_in_its_task(traced_async_handler):
+    from opentelemetry.trace import SpanKind
+
+    spans, seen = traced_async_handler
+    enqueue_many([{"payload": {"n": i}} for i in range(3)], topic="test.async_traced")
+    Worker(concurrency=1, async_concurrency=10, burst=True).run()
+    producer = spans.one(SpanKind.PRODUCER)
+    consumers = spans.finished(SpanKind.CONSUMER)
+    assert len(consumers) == 3
+    assert {c.context.trace_id for c in consumers} == {producer.context.trace_id}
+    assert sorted(seen) == sorted(c.context.span_id for c in consumers)
+    # (atomic=False: its acknowledgement is flushed after the run, as for a thread.)
+    assert {c.attributes["pgqueue.outcome"] for c in consumers} == {"ack_pending"}
