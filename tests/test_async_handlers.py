@@ -113,6 +113,14 @@ def test_a_cancellation_asked_reaches_the_coroutine(counted):
     assert list(Handled.objects.values_list("message_id", "topic")) == [(message.pk, "cancel seen")]
 
 
+def test_the_heartbeat_extends_a_coroutines_lease():
+    """A run longer than its lease (2 s) keeps it: never rescued, run once."""
+    message = enqueue("test.async_wait", {"seconds": 5})
+    with running_worker(concurrency=1, async_concurrency=10, poll_interval=0.2, lease_seconds=2):
+        wait_until(lambda: not Message.objects.exists(), message="the run to finish")
+    assert list(Handled.objects.values_list("message_id", "attempt")) == [(message.pk, 1)]
+
+
 def test_async_concurrency_is_checked():
     with pytest.raises(ValueError, match="async_concurrency must be a whole number from 1"):
         Worker(async_concurrency=0)

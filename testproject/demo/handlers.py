@@ -7,7 +7,7 @@ import time
 
 from django.core.exceptions import ValidationError
 
-from django_pgqueue import Permanent, Retry, handler
+from django_pgqueue import Permanent, Retry, cancel_requested, handler
 
 from .models import Handled
 
@@ -148,9 +148,11 @@ async def test_async_wait(message):
     except asyncio.CancelledError:
         if message.payload.get("catch_cancel"):
             await sync_to_async(Handled.objects.create)(
-                message_id=message.pk, topic="cancel seen", attempt=message.attempts,
+                message_id=message.pk,
+                topic="cancel seen" if cancel_requested() else "cancelled, not asked",
+                attempt=message.attempts,
                 pid=os.getpid(),
-            )  # fmt: skip
+            )
             return "caught"
         raise
     finally:
