@@ -143,7 +143,7 @@ def test_without_an_async_handler_there_is_no_event_loop():
         max_messages=None, shutdown_timeout=1, poll_interval=None, lease_seconds=None,
         worker_id=None, async_concurrency=50,
     )  # fmt: skip
-    assert (config.async_concurrency, config.running_capacity) == (50, 54)
+    assert (config.async_concurrency, config.capacity) == (50, 4 + config.prefetch)
 
 
 # --- real worker processes -------------------------------------------------------

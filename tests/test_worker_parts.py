@@ -18,7 +18,7 @@ from django_pgqueue.worker.ledger import Ledger
 from django_pgqueue.worker.wakeup import Wakeup
 
 
-def config(concurrency=4, batch_size=8, prefetch=8):
+def config(concurrency=4, batch_size=8, prefetch=8, async_concurrency=0):
     return WorkerConfig(
         worker_id="w1",
         hostname="host",
@@ -33,6 +33,7 @@ def config(concurrency=4, batch_size=8, prefetch=8):
         lease_seconds=60.0,
         listen=False,
         heartbeat_interval=10.0,
+        async_concurrency=async_concurrency,
     )
 
 
@@ -94,6 +95,43 @@ def test_threads_stuck_in_timed_out_handlers_take_capacity_away():
     assert ledger.claim_size() == 2
     stuck[0] = 2
     assert ledger.claim_size() == 0, "a stuck thread's slot was given out"
+
+
+def test_the_event_loops_room_counts_while_async_handlers_messages_come(monkeypatch):
+    """The loop's room (async_concurrency) is claimed for only while claims
+    bring messages of async handlers (atomic=False): a worker whose queues
+    hold sync messages alone claims for its threads, as without the loop."""
+    from django_pgqueue.worker import ledger as ledger_module
+
+    def spec(is_async, atomic=False):
+        return registry.HandlerSpec(
+            topic="t", func=lambda m: None, max_attempts=None, timeout=None, atomic=atomic,
+            backoff_base=None, backoff_cap=None, backoff_jitter=None, is_async=is_async,
+            location="here",
+        )  # fmt: skip
+
+    ledger = Ledger(
+        config(concurrency=2, batch_size=100, prefetch=0, async_concurrency=50), stuck=lambda: 0
+    )
+    assert ledger.claim_size() == 2  # no async message yet: the threads' room
+    sync_jobs = [BuiltJob(FakeMessage(pk), spec(False)) for pk in (1, 2)]
+    atomic_async = BuiltJob(FakeMessage(3), spec(True, atomic=True))  # runs in a thread
+    ledger.add([*sync_jobs, atomic_async])
+    assert not any(j.on_loop for j in [*sync_jobs, atomic_async])
+    assert ledger.claim_size() == 0
+    on_loop = [BuiltJob(FakeMessage(pk), spec(True)) for pk in range(10, 20)]
+    ledger.add(on_loop)
+    assert all(j.on_loop for j in on_loop)
+    for started in on_loop:  # (the loop starts each at once)
+        assert ledger.start(started)
+    assert ledger.claim_size() == 40  # the loop's room: 50 less the 10 it holds
+    for done in on_loop[:5]:
+        ledger.finish(done, ACK_PENDING)
+    assert ledger.claim_size() == 45
+    # No async message for ASYNC_ROOM_SECONDS: the threads' room alone again.
+    clock = time.monotonic() + ledger_module.ASYNC_ROOM_SECONDS + 1
+    monkeypatch.setattr(ledger_module.time, "monotonic", lambda: clock)
+    assert ledger.claim_size() == 0
 
 
 # --- finishing and acknowledging ----------------------------------------------------

@@ -132,15 +132,12 @@ class WorkerConfig:
         return ",".join(f"{name}={weights[name]}" if weights else name for name in self.queues)
 
     @property
-    def running_capacity(self) -> int:
-        """Handlers it runs at once: one per thread, and the event loop's."""
-        return self.concurrency + self.async_concurrency
-
-    @property
     def capacity(self) -> int:
-        """Messages it holds at most: the running ones, and the prefetched
-        (with ``prefetch_auto``, the Ledger's capacity is at most this)."""
-        return self.running_capacity + self.prefetch
+        """Messages it holds for its threads at most: one per thread, and the
+        prefetched (with ``prefetch_auto``, the Ledger's capacity is at most
+        this). The event loop's ``async_concurrency`` comes on top, while
+        async handlers' messages come (Ledger)."""
+        return self.concurrency + self.prefetch
 
     @property
     def thread_beat_after(self) -> float:

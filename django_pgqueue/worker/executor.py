@@ -77,9 +77,8 @@ class Executor:
         """Hand a claimed job to what runs it: the event loop for an async
         handler with atomic=False (when the worker has one), else the
         handler threads."""
-        spec, loop = job.spec, self.event_loop
-        if loop is not None and spec is not None and spec.is_async and not spec.atomic:
-            loop.submit(job)
+        if job.on_loop and self.event_loop is not None:  # (Ledger.add decided)
+            self.event_loop.submit(job)
         else:
             self.pool.submit(job)
 

@@ -75,7 +75,9 @@ class Job:
     # (Executor.finished), after its retry or dead letter is recorded on it.
     span: Any = None
     # An async handler's run on the worker's event loop (worker.event_loop):
-    # its asyncio task, which a timeout or a cancellation cancels.
+    # it counts in the loop's room (Ledger), and its asyncio task is what a
+    # timeout or a cancellation cancels.
+    on_loop: bool = False
     task: Any = None
     message = _MessageOfRow()
 

@@ -27,6 +27,12 @@ ACK_DELAY = 0.05
 # --prefetch auto: the weight of a handler's duration in the running
 # average (about the last twenty runs count).
 DURATION_WEIGHT = 0.05
+# The event loop's room counts in the claims for this long after the last
+# claim that brought an async handler's message: a worker whose queues hold
+# only sync messages claims for its threads alone, as without the loop (it
+# would hold the loop's share of them in its queue, away from the other
+# workers and from a pause).
+ASYNC_ROOM_SECONDS = 10.0
 
 
 class Ledger:
@@ -35,11 +41,14 @@ class Ledger:
         # What it may hold: read on every claim and finish. With
         # prefetch_auto it follows the handlers' durations (claim_size),
         # starting with the threads alone until a handler has run.
-        self._capacity = config.running_capacity if config.prefetch_auto else config.capacity
+        # (The threads'; the event loop's is async_concurrency, apart.)
+        self._capacity = config.concurrency if config.prefetch_auto else config.capacity
         self._average_duration: float | None = None  # seconds, prefetch_auto only
         self._stuck = stuck  # handler threads lost to timed-out handlers, not replaced
         self._lock = threading.Lock()
         self._inflight: dict[int, Job] = {}  # message id -> job whose handler runs
+        self._on_loop = 0  # of those, the jobs of the event loop
+        self._loop_seen = -math.inf  # time.monotonic() of the last claim that brought one
         self._unacked: dict[int, Job] = {}  # message id -> job done, not acknowledged yet
         self.queued = 0  # jobs in flight that no thread has taken yet
         self._acking = 0  # acknowledgements a handler thread is sending
@@ -61,31 +70,38 @@ class Ledger:
             return self._claim_size_locked()
 
     def _auto_capacity(self) -> int:
-        """The threads (and the event loop's coroutines), and ahead of them
-        what the threads finish in about AUTO_PREFETCH_SECONDS at the
-        handlers' average duration, at most ``prefetch``: nothing ahead for
-        handlers slower than that."""
+        """The threads, and ahead of them what they finish in about
+        AUTO_PREFETCH_SECONDS at the handlers' average duration, at most
+        ``prefetch``: nothing ahead for handlers slower than that."""
         config, average = self._config, self._average_duration
         if average is None:
-            return config.running_capacity  # no handler has run yet
+            return config.concurrency  # no handler has run yet
         if average <= 0:
             return config.capacity
         ahead = int(config.concurrency * AUTO_PREFETCH_SECONDS / average)
-        return config.running_capacity + min(config.prefetch, ahead)
+        return config.concurrency + min(config.prefetch, ahead)
 
     def _claim_size_locked(self) -> int:
         config = self._config
-        free = self._capacity - len(self._inflight) - self._stuck()
-        if free <= 0 or (free < config.batch_size and self.queued >= config.concurrency):
-            return 0
-        return min(free, config.batch_size)
+        free = self._capacity - (len(self._inflight) - self._on_loop) - self._stuck()
+        if free < config.batch_size and self.queued >= config.concurrency:
+            free = 0  # the threads have queued work: wait until a batch is free
+        if config.async_concurrency and time.monotonic() - self._loop_seen < ASYNC_ROOM_SECONDS:
+            # Async handlers' messages came lately: the event loop's room too.
+            free = max(free, 0) + config.async_concurrency - self._on_loop
+        return max(0, min(free, config.batch_size))
 
     def add(self, jobs: list[Job]) -> None:
         """Claimed ``jobs``, before they go to the handler threads: all in
         flight before any thread starts (an atomic batch sees them)."""
+        loop = self._config.async_concurrency > 0
         with self._lock:
             for job in jobs:
                 self._inflight[job.row[claim_sql.ROW_ID]] = job
+                if loop and job.spec is not None and job.spec.is_async and not job.spec.atomic:
+                    job.on_loop = True
+                    self._on_loop += 1
+                    self._loop_seen = time.monotonic()
             self.queued += len(jobs)
 
     def start(self, job: Job) -> bool:
@@ -120,7 +136,7 @@ class Ledger:
                     duration = average + (duration - average) * DURATION_WEIGHT
                 self._average_duration = duration
             if self._inflight.get(message.id) is job:
-                del self._inflight[message.id]
+                self._remove_locked(job)
             if outcome == ACK_PENDING and not job.abandoned:
                 self._unacked[message.id] = job
                 if message.group_key is not None:
@@ -140,6 +156,11 @@ class Ledger:
                 or not self._inflight
             )
         return acks, has_work
+
+    def _remove_locked(self, job: Job) -> None:
+        """``job`` is no longer in flight (if it was)."""
+        if self._inflight.pop(job.message.pk, None) is job and job.on_loop:
+            self._on_loop -= 1
 
     # --- acknowledgements -----------------------------------------------------
 
@@ -240,7 +261,7 @@ class Ledger:
         with self._lock:
             for job in jobs:
                 job.abandoned = True
-                self._inflight.pop(job.message.pk, None)
+                self._remove_locked(job)
 
     def hostages(self, job: Job) -> tuple[list[Job], list[tuple[Job, BaseException]]]:
         """The jobs of ``job``'s atomic batch that would wait for it: those
@@ -252,7 +273,7 @@ class Ledger:
             failed = [(j, j.failure) for j in batch if j.failure is not None and not j.abandoned]
             for other in (*succeeded, *(j for j, _ in failed)):
                 other.abandoned = True
-                self._inflight.pop(other.message.pk, None)
+                self._remove_locked(other)
         return succeeded, failed
 
     # --- shutdown ---------------------------------------------------------------------
@@ -264,7 +285,7 @@ class Ledger:
             for job in unstarted:
                 job.queued, job.abandoned = False, True
                 self.queued -= 1
-                del self._inflight[job.message.pk]
+                self._remove_locked(job)
         return unstarted
 
     def leftover(self) -> list[Job]:
