@@ -69,6 +69,35 @@ def test_a_failed_async_handler_is_retried(counted):
 
 
 @pytest.fixture
+def async_policy_handler():
+    """An async handler (atomic=False) that raises Retry(after=0) on its first
+    attempt, then Permanent when its payload says so."""
+    from django_pgqueue import Permanent, Retry
+
+    @handler("test.async_policy", atomic=False)
+    async def policy(message):
+        if message.attempts == 1:
+            raise Retry("not yet", after=0)
+        if message.payload.get("refuse"):
+            raise Permanent("never")
+        return "fine"
+
+    yield
+    registry.unregister("test.async_policy")
+
+
+def test_retry_and_permanent_from_an_async_handler(async_policy_handler):
+    fine = enqueue("test.async_policy", {})
+    refused = enqueue("test.async_policy", {"refuse": True})
+    with running_worker(concurrency=1, async_concurrency=10, poll_interval=0.2):
+        wait_until(lambda: not Message.objects.exists(), message="both messages to end")
+    dead = DeadLetter.objects.get()
+    assert (dead.message_id, dead.category, dead.attempts) == (refused.pk, "permanent", 2)
+    assert "Permanent: never" in dead.reason
+    assert not DeadLetter.objects.filter(message_id=fine.pk).exists()
+
+
+@pytest.fixture
 def slow_async_with_timeout():
     """An async handler (atomic=False) with a timeout of 0.5 s that waits as
     long as its payload says."""
