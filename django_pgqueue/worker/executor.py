@@ -117,12 +117,20 @@ class Executor:
         elif failure is None:
             outcome = ACK_PENDING
         else:
-            drop_broken_connections()
-            try:
-                outcome = LOST if job.abandoned else self.outcomes.record_failure(job, failure)
-            finally:
-                drop_broken_connections()
+            outcome = self._failed(job, failure)
         self.finished(job, outcome)
+
+    def _failed(self, job: Job, failure: BaseException) -> str:
+        """Record ``job``'s failure (unless it was given up on meanwhile) on a
+        working connection, and leave one behind. (A success leaves its
+        connection as it is: looking costs more than a no-op handler, and a
+        connection broken without an error reaching us fails the next
+        handler, which replaces it.)"""
+        drop_broken_connections()
+        try:
+            return LOST if job.abandoned else self.outcomes.record_failure(job, failure)
+        finally:
+            drop_broken_connections()
 
     def run_one(self, job: Job) -> None:
         """Run one started job in a transaction of its own (atomic) or none."""
@@ -173,15 +181,7 @@ class Executor:
             _log_ack_locked(message, exc)
             outcome = LOST
         except BaseException as exc:  # noqa: BLE001  (a handler may raise anything)
-            # Record the failure on a working connection, and leave one behind.
-            # (A success leaves its connection as it is: looking costs more
-            # than a no-op handler, and a connection broken without an error
-            # reaching us fails the next handler, which replaces it.)
-            drop_broken_connections()
-            try:
-                outcome = LOST if job.abandoned else self.outcomes.record_failure(job, exc)
-            finally:
-                drop_broken_connections()
+            outcome = self._failed(job, exc)
         self.finished(job, outcome)
 
     def finished(self, job: Job, outcome: str) -> None:
