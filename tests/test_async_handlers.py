@@ -287,3 +287,31 @@ def test_an_async_run_has_its_span_current_in_its_task(traced_async_handler):
     assert sorted(seen) == sorted(c.context.span_id for c in consumers)
     # (atomic=False: its acknowledgement is flushed after the run, as for a thread.)
     assert {c.attributes["pgqueue.outcome"] for c in consumers} == {"ack_pending"}
+
+
+def test_an_end_that_cannot_be_recorded_leaves_the_message_to_its_lease(monkeypatch, caplog):
+    """A settling thread that fails to record how a run ended (an error the
+    failure policy does not catch) logs it, lets go of the message (its
+    slot and the shutdown wait no more) and goes on: the message stays
+    leased, for the rescue to bring back once its lease expires."""
+    from django_pgqueue.worker.outcomes import Outcomes
+
+    real = Outcomes.record_failure
+    refused = []
+
+    def fail_once(self, job, exc, category=None):
+        if not refused:
+            refused.append(job.message.pk)
+            raise RuntimeError("the record could not be written")
+        return real(self, job, exc, category)
+
+    monkeypatch.setattr(Outcomes, "record_failure", fail_once)
+    failing = enqueue("test.async_wait", {"seconds": 0, "fail_times": 1})
+    fine = enqueue("test.async_wait", {"seconds": 0})
+    worker = Worker(concurrency=1, async_concurrency=10, burst=True, shutdown_timeout=60)
+    assert worker.run() == 1  # the other one; the burst worker did not wait for the first
+    assert "could not be recorded" in caplog.text
+    assert refused == [failing.pk]
+    assert Handled.objects.filter(message_id=fine.pk).exists()
+    row = Message.objects.get(pk=failing.pk)
+    assert (row.status, row.attempts) == (Status.PROCESSING, 1), "left to its lease"

@@ -29,11 +29,15 @@ AUTO_PREFETCH_SECONDS = 0.1
 AUTO_PREFETCH_BATCHES = 2
 
 
+def runs_on_event_loop(spec: HandlerSpec | None) -> bool:
+    """Whether the handler ``spec`` runs on the event loop: an ``async def``
+    one with atomic=False (an atomic one needs its thread's transaction)."""
+    return spec is not None and spec.is_async and not spec.atomic
+
+
 def on_event_loop(specs: Iterable[HandlerSpec]) -> bool:
-    """Whether any of the handlers ``specs`` runs on the event loop: an
-    ``async def`` one with atomic=False (an atomic one needs its thread's
-    transaction)."""
-    return any(spec.is_async and not spec.atomic for spec in specs)
+    """Whether any of the handlers ``specs`` runs on the event loop."""
+    return any(runs_on_event_loop(spec) for spec in specs)
 
 
 @dataclass(frozen=True)

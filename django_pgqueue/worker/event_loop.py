@@ -5,10 +5,10 @@ waits on the network holds neither a thread nor a database connection.
 
 The database work around a coroutine (recording its retry or dead letter,
 acknowledging a batch) blocks, so it never runs on the loop: each run that
-ends goes to the settling threads (a small ``HandlerPool`` of their own,
-with their connections), which end it as a handler thread ends its own
-(``Executor.finished``). A timeout or a cancellation asked cancels the
-task (``Job.interrupt``): the coroutine gets CancelledError at its await.
+ends goes to the settling threads (two, with their own connections), which
+end it as a handler thread ends its own (``Executor.settle``). A timeout
+or a cancellation asked cancels the task (``Job.interrupt``): the
+coroutine gets CancelledError at its await.
 At shutdown the tasks still running once the grace is over are cancelled,
 after their messages were handed back.
 """
@@ -26,7 +26,7 @@ from django.db import connections
 
 from django_pgqueue.db import drop_broken_connections
 from django_pgqueue.worker.config import WorkerConfig
-from django_pgqueue.worker.job import Job
+from django_pgqueue.worker.job import LOST, Job
 
 logger = logging.getLogger(__package__)
 
@@ -49,6 +49,10 @@ class Runner(Protocol):
         having been asked before it started."""
         ...
 
+    def finished(self, job: Job, outcome: str) -> None:
+        """``job``'s run ended with ``outcome`` (the worker no longer holds it)."""
+        ...
+
 
 class EventLoop:
     def __init__(self, config: WorkerConfig, runner: Runner) -> None:
@@ -69,7 +73,6 @@ class EventLoop:
             threading.Thread(target=self._settle, name=f"pgqueue-settle-{n}", daemon=True)
             for n in range(1, SETTLING_THREADS + 1)
         ]
-        self.running = 0  # coroutines in their handler now
 
     def start(self) -> None:
         self._loop = asyncio.new_event_loop()
@@ -129,15 +132,12 @@ class EventLoop:
             if job.cancel_requested:  # told before it started: it never runs
                 self._ended.put((job, None, False))
                 return
-            self.running += 1
             try:
                 await job.run_handler_async()
             except BaseException as exc:  # noqa: BLE001  (a handler may raise anything)
                 failure: BaseException | None = exc
             else:
                 failure = None
-            finally:
-                self.running -= 1
             job.handler_returned()
         if job.abandoned:
             # Timed out (the main loop recorded it) or handed back at
@@ -173,5 +173,7 @@ class EventLoop:
                         self._worker_id,
                         job.message.pk,
                     )
+                    # The worker lets go of it: its slot, and shutdown, wait no more.
+                    self._runner.finished(job, LOST)
         finally:
             connections.close_all()

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 
 from django_pgqueue.sql import claim as claim_sql
-from django_pgqueue.worker.config import AUTO_PREFETCH_SECONDS, WorkerConfig
+from django_pgqueue.worker.config import AUTO_PREFETCH_SECONDS, WorkerConfig, runs_on_event_loop
 from django_pgqueue.worker.job import ACK_PENDING, SETTLED, Job
 
 # Acknowledgements of atomic=False handlers wait at most this long to be
@@ -98,7 +98,7 @@ class Ledger:
         with self._lock:
             for job in jobs:
                 self._inflight[job.row[claim_sql.ROW_ID]] = job
-                if loop and job.spec is not None and job.spec.is_async and not job.spec.atomic:
+                if loop and runs_on_event_loop(job.spec):
                     job.on_loop = True
                     self._on_loop += 1
                     self._loop_seen = time.monotonic()
