@@ -50,6 +50,8 @@ def test_unknown_key_suggests_the_close_one():
         ({"MAX_ATTEMPTS": True}, "must be a whole number of at least 1"),
         ({"LEASE_SECONDS": -5}, "must be a number of seconds greater than 0"),
         ({"POLL_INTERVAL": "5"}, "must be a number of seconds greater than 0"),
+        ({"ASYNC_CONCURRENCY": 0}, "PGQUEUE['ASYNC_CONCURRENCY'] must be a whole number from 1"),
+        ({"ASYNC_CONCURRENCY": 10**6}, "must be a whole number from 1 to 100,000"),
         ({"BACKOFF_CAP": float("inf")}, "must be a number of seconds greater than 0"),
         ({"BACKOFF_JITTER": "full"}, "must be True or False"),
         ({"DEPENDENCY_BACKOFF_FACTOR": 0.5}, "must be a number of at least 1"),

@@ -23,6 +23,7 @@ from .conftest import MANAGE, database_url
     [
         (["--concurrency", "0"], "--concurrency: must be at least 1, not 0"),
         (["--concurrency", "many"], "--concurrency: 'many' is not a whole number"),
+        (["--async-concurrency", "0"], "--async-concurrency: must be at least 1, not 0"),
         (["--batch-size", "-3"], "--batch-size: must be at least 1"),
         (["--prefetch", "-1"], "--prefetch: must be zero or more, not -1"),
         (["--prefetch", "many"], r"--prefetch: 'many' is not a whole number \(or 'auto'\)"),
@@ -145,6 +146,7 @@ BAD_NUMBERS = [
     (["pgqueue_status", "--max-age", "1e300"], "--max-age: must be at most 9223372036 seconds"),
     (["pgqueue_status", "--max-ready", str(2**63)], "--max-ready: must be at most"),
     (["pgqueue_worker", "--concurrency", "100000"], "--concurrency: must be at most 1000 (one"),
+    (["pgqueue_worker", "--async-concurrency", "100001"], "--async-concurrency: must be at most"),
     (["pgqueue_worker", "--batch-size", str(10**20)], "--batch-size: must be at most"),
     (["pgqueue_worker", "--prefetch", str(10**20)], "--prefetch: must be at most"),
     (["pgqueue_worker", "--max-messages", str(10**20)], "--max-messages: must be at most"),
