@@ -17,6 +17,7 @@ def register():
     # Tagged "database": it queries the server, so Django runs it only when
     # asked to (manage.py check --database, migrate).
     checks.register(check_vacuum, checks.Tags.database)
+    checks.register(check_queue_tables, checks.Tags.database)
 
 
 def check_settings(app_configs=None, **kwargs):
@@ -112,26 +113,78 @@ def check_database(app_configs=None, **kwargs):
     from django.conf import settings
 
     try:
-        alias = conf.get("DATABASE")
+        aliases = _queue_databases()
     except ImproperlyConfigured:
         return []  # check_settings reports it
-    if conf.alias_problem(alias):
-        return []  # check_settings reports it
-    engine = settings.DATABASES[alias].get("ENGINE", "")
     errors = []
-    if engine not in POSTGRESQL_ENGINES:
-        errors.append(
-            checks.Error(
-                f"The queue database {alias!r} uses {engine or 'no ENGINE'}; "
-                "django-pgqueue needs PostgreSQL.",
-                hint="Point PGQUEUE['DATABASE'] at an alias whose ENGINE is "
-                "'django.db.backends.postgresql'.",
-                id="pgqueue.E004",
+    for alias in aliases:
+        engine = settings.DATABASES[alias].get("ENGINE", "")
+        if engine not in POSTGRESQL_ENGINES:
+            errors.append(
+                checks.Error(
+                    f"The queue database {alias!r} uses {engine or 'no ENGINE'}; "
+                    "django-pgqueue needs PostgreSQL.",
+                    hint="Point PGQUEUE['DATABASE'] (and each queue's or stream's "
+                    "'database') at an alias whose ENGINE is 'django.db.backends.postgresql'.",
+                    id="pgqueue.E004",
+                )
             )
-        )
-    errors.extend(_check_psycopg())
-    errors.extend(_check_pooling(alias, settings.DATABASES[alias]))
+        errors.extend(_check_pooling(alias, settings.DATABASES[alias]))
+    if aliases:
+        errors.extend(_check_psycopg())
     return errors
+
+
+def _queue_databases():
+    """The aliases of conf.databases() that check_settings finds no fault
+    with (it reports the others)."""
+    if conf.validate():
+        return [alias for alias in [conf.get("DATABASE")] if not conf.alias_problem(alias)]
+    return conf.databases()
+
+
+def check_queue_tables(app_configs=None, databases=None, **kwargs):
+    """pgqueue.W108: a database that holds a queue or a stream lacks the
+    app's tables. A warning, not an error: ``migrate --database <alias>``,
+    which creates them, runs the checks first and would stop at an error."""
+    from django.conf import settings
+    from django.db import connections
+
+    from django_pgqueue.models import Message
+
+    try:
+        aliases = _queue_databases()
+    except ImproperlyConfigured:
+        return []  # check_settings reports it
+    warnings = []
+    for alias in aliases:
+        if databases is None or alias not in databases:
+            continue
+        if settings.DATABASES[alias].get("ENGINE", "") not in POSTGRESQL_ENGINES:
+            continue  # check_database reports it
+        try:
+            tables = connections[alias].introspection.table_names()
+        except DatabaseError:
+            continue  # unreachable: whatever uses it next says so
+        if Message._meta.db_table not in tables:
+            warnings.append(
+                checks.Warning(
+                    f"The queue database {alias!r} has no django-pgqueue tables: its queues "
+                    f"({', '.join(_held_by(alias)) or 'none'}) cannot be enqueued to or worked.",
+                    hint=f"Run manage.py migrate --database {alias}, with "
+                    "'django_pgqueue.routers.QueueRouter' in DATABASE_ROUTERS "
+                    "(docs: Queues on several databases).",
+                    id="pgqueue.W108",
+                )
+            )
+    return warnings
+
+
+def _held_by(alias):
+    """The queues and streams the settings put on ``alias``."""
+    names = [q for q in conf.queues() if conf.queue_database(q) == alias]
+    names += [f"stream {s}" for s in conf.get("STREAMS") or {} if conf.stream_database(s) == alias]
+    return names
 
 
 def _check_pooling(alias, database):

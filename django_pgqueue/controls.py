@@ -61,8 +61,11 @@ def resume_queue(name: str, *, by: str = "") -> bool:
 
 def paused_queues() -> list[str]:
     """The names of the paused queues, sorted."""
-    rows = QueueState.objects.using(conf.database_alias()).filter(paused=True)
-    return sorted(rows.values_list("name", flat=True))
+    paused = []
+    for alias in conf.databases():  # each queue's row is on its own database
+        rows = QueueState.objects.using(alias).filter(paused=True)
+        paused += [n for n in rows.values_list("name", flat=True) if conf.queue_database(n) == alias]
+    return sorted(paused)
 
 
 def set_limits(
@@ -116,7 +119,7 @@ def set_partition_limits(
     _checked(queue)
     key = _checked_partition(partition_key)
     _checked_limits(concurrency, rate)
-    using = conf.database_alias()
+    using = conf.queue_database(queue)
     with transaction.atomic(using=using):
         rows = PartitionLimit.objects.using(using)
         # Made first if missing (two callers at once: one inserts, the
@@ -144,7 +147,7 @@ def clear_partition_limits(queue: str, partition_key: str | None, *, by: str = "
     settings again. Returns whether it had limits of its own."""
     _checked(queue)
     key = _checked_partition(partition_key)
-    using = conf.database_alias()
+    using = conf.queue_database(queue)
     with transaction.atomic(using=using):
         deleted, _ = (
             PartitionLimit.objects.using(using).filter(queue=queue, partition_key=key).delete()
@@ -308,7 +311,7 @@ def _change(
     new value), nothing happens when the row already holds it. Returns
     whether it wrote."""
     _checked(name)
-    using = conf.database_alias()
+    using = conf.queue_database(name)
     with transaction.atomic(using=using):
         # The row locked, made first if missing (two callers at once: one
         # inserts, the other waits for it and then finds it).

@@ -162,20 +162,37 @@ def enqueue_many(
 def _enqueue_many(
     messages: Iterable[dict[str, Any]], using: str | None, defaults: MessageFields
 ) -> list[Message]:
-    caller, queue_alias = _aliases(using)
+    caller = check_using(using)
     rows = validate_many(messages, defaults)
+    if len(conf.databases()) > 1:
+        return _enqueue_routed(list(rows), caller)
+    queue_alias = conf.get("DATABASE")
     if caller != queue_alias:
-        return _enqueue_rows(list(rows), using)  # all validated now, inserted at commit
+        return _enqueue_rows(list(rows), caller, queue_alias)  # validated now, inserted at commit
     return _insert_stream(rows, queue_alias)
 
 
-def _aliases(using: str | None) -> tuple[str, str]:
-    """(the caller's alias, the queue's alias); the caller's must exist."""
-    return check_using(using), conf.database_alias()
+def _enqueue_routed(rows: list[Row], caller: str) -> list[Message]:
+    """enqueue_many when queues live on several databases: the rows of each
+    database as one enqueue_many there (in the caller's transaction on its
+    own alias, at its commit on the others); the messages in input order."""
+    database_of = {queue: conf.queue_database(queue) for queue in {r.options.queue for r in rows}}
+    indexes: dict[str, list[int]] = {}
+    for i, row in enumerate(rows):
+        indexes.setdefault(database_of[row.options.queue], []).append(i)
+    messages: list[Message] = [None] * len(rows)  # type: ignore[list-item]  # all filled below
+    for alias, taken in indexes.items():
+        part = [rows[i] for i in taken]
+        if alias == caller:
+            enqueued = _insert_stream(iter(part), alias)
+        else:
+            enqueued = _enqueue_rows(part, caller, alias)
+        for i, message in zip(taken, enqueued, strict=True):
+            messages[i] = message
+    return messages
 
 
-def _enqueue_rows(rows: list[Row], using: str | None) -> list[Message]:
-    caller, queue_alias = _aliases(using)
+def _enqueue_rows(rows: list[Row], caller: str, queue_alias: str) -> list[Message]:
     messages = [_unsaved(row) for row in rows]
     if caller == queue_alias:
         _insert(messages, rows, queue_alias)
@@ -191,9 +208,9 @@ def _enqueue_one(row: Row, using: str | None) -> Message:
     for one row: the prepared INSERT on the kept cursor, and a look-up only
     if a dedup conflict returned no row. One-message-per-transaction callers
     pay for every Python call here (benchmarks/instructions.py)."""
-    caller, queue_alias = _aliases(using)
+    caller, queue_alias = check_using(using), conf.queue_database(row.options.queue)
     if caller != queue_alias:
-        return _enqueue_rows([row], using)[0]
+        return _enqueue_rows([row], caller, queue_alias)[0]
     message = _unsaved(row)
     connection = connections[queue_alias]
     cursor = prepared_cursor(connection)

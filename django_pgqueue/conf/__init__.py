@@ -9,6 +9,9 @@ turns into system-check errors). Everything is read as ``conf.NAME``.
 
 from __future__ import annotations
 
+import contextvars
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from django.conf import settings
@@ -76,8 +79,13 @@ __all__ = [
     "configured_unfair",
     "configured_weights",
     "database_alias",
+    "databases",
+    "queue_database",
+    "queues_by_database",
+    "stream_database",
     "get",
     "hide_secrets",
+    "on_database",
     "async_concurrency_problem",
     "host_problem",
     "is_int",
@@ -107,9 +115,78 @@ def get(name: str) -> Any:
     return user.get(name, DEFAULTS[name])
 
 
+# The database that code works on in this context (``on_database``): a
+# worker's engine, or a command or admin page going through every database.
+_ON_DATABASE: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "pgqueue_on_database", default=None
+)
+
+
 def database_alias() -> str:
-    """The database alias the queue's tables live in (``PGQUEUE["DATABASE"]``)."""
+    """The database alias whose queue tables this code works on: the one an
+    enclosing ``on_database()`` names (a worker's engine, a command going
+    through every database), else ``PGQUEUE["DATABASE"]``, the home of every
+    queue and stream that names no database of its own."""
+    return _ON_DATABASE.get() or get("DATABASE")
+
+
+@contextmanager
+def on_database(alias: str) -> Iterator[str]:
+    """Work on the queue tables of ``alias`` within the block: every
+    ``database_alias()`` of this thread (and of the threads and tasks it
+    starts with its context copied) says ``alias``, as Django's
+    ``timezone.override()`` sets the current time zone. The functions that
+    take a queue (``enqueue``, ``pause``, ...) route by the queue's own
+    database (``queue_database``) whatever the block says."""
+    problem = alias_problem(alias)
+    if problem:
+        raise ImproperlyConfigured(f"on_database({alias!r}): the alias {problem}")
+    token = _ON_DATABASE.set(alias)
+    try:
+        yield alias
+    finally:
+        _ON_DATABASE.reset(token)
+
+
+def queue_database(queue: str | None = None) -> str:
+    """The database alias of ``queue``'s messages (default: the default
+    queue): its ``"database"`` in the dict form of QUEUES, else DATABASE."""
+    configured = get("QUEUES")
+    if isinstance(configured, dict):
+        entry = configured.get(queue or get("DEFAULT_QUEUE"))
+        if entry and entry.get("database"):
+            return entry["database"]
     return get("DATABASE")
+
+
+def stream_database(stream: str) -> str:
+    """The database alias of ``stream``'s events and subscriptions:
+    ``PGQUEUE["STREAMS"][stream]["database"]``, else DATABASE."""
+    entry = (get("STREAMS") or {}).get(stream)
+    if entry and entry.get("database"):
+        return entry["database"]
+    return get("DATABASE")
+
+
+def databases() -> list[str]:
+    """Every alias that holds the app's tables: DATABASE first, then the
+    other aliases that QUEUES and STREAMS name, in the order named."""
+    found = [get("DATABASE")]
+    for entries in (get("QUEUES"), get("STREAMS")):
+        if isinstance(entries, dict):
+            found += [
+                entry["database"] for entry in entries.values() if entry and entry.get("database")
+            ]
+    return list(dict.fromkeys(found))
+
+
+def queues_by_database(queues: Iterable[str]) -> dict[str, list[str]]:
+    """``queues`` grouped by their database alias (``queue_database``), the
+    aliases in the order of ``databases()``, the queues in the order given."""
+    grouped: dict[str, list[str]] = {alias: [] for alias in databases()}
+    for queue in queues:
+        grouped.setdefault(queue_database(queue), []).append(queue)
+    return {alias: names for alias, names in grouped.items() if names}
 
 
 def queues() -> list[str]:

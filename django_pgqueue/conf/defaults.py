@@ -33,6 +33,11 @@ DEFAULTS: dict[str, Any] = {
     # Alias of the database that holds the queue tables. When it differs from
     # the caller's alias, enqueue defers the insert to the caller's commit.
     "DATABASE": "default",
+    # Streams kept on another database than DATABASE: {stream: {"database":
+    # alias}}. A queue names its database in QUEUES ({"bulk": {"database":
+    # "queues_2"}}). Every alias named holds the app's tables (migrate with
+    # django_pgqueue.routers.QueueRouter).
+    "STREAMS": None,
     # Send a NOTIFY wake-up from the insert trigger. Turn off (poll-only mode)
     # behind PgBouncer in transaction pooling, or at very high insert rates:
     # every notifying transaction takes a cluster-wide lock at commit. The

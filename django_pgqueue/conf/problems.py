@@ -242,8 +242,27 @@ def _queues(value: object) -> Problem:
     if isinstance(value, dict):
         for name, limits in value.items():
             problem = limits_problem(limits)
+            if not problem and limits and limits.get("database") is not None:
+                problem = alias_problem(limits["database"])
+                problem = problem and f"database {problem}"
             if problem:
                 return f"queue {name!r}: {problem}"
+    return None
+
+
+def _streams(value: object) -> Problem:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        return 'must be a dict of stream names to their settings ({"database": alias}), or None'
+    for name, entry in value.items():
+        if not isinstance(name, str) or not NAME_RE.match(name):
+            return f"names the stream {name!r}, which is not a valid name"
+        if not isinstance(entry, dict) or set(entry) - {"database"}:
+            return f'stream {name!r}: must be a dict whose one key is "database"'
+        problem = entry.get("database") is not None and alias_problem(entry["database"])
+        if problem:
+            return f"stream {name!r}: database {problem}"
     return None
 
 
@@ -360,6 +379,7 @@ def _rules(value: object) -> Problem:
 
 CHECKS: dict[str, Callable[[Any], Problem]] = {
     "DATABASE": alias_problem,
+    "STREAMS": _streams,
     "NOTIFY": _bool,
     "DEFAULT_QUEUE": _queue,
     "MAX_ATTEMPTS": _positive_int,

@@ -88,7 +88,7 @@ def _publish(
     payload_json = validation.to_json("payload", payload)
     headers, headers_json = validation.check_headers(headers)
     key = validation.check_key("key", key)
-    caller, alias = validation.check_using(using), conf.database_alias()
+    caller, alias = validation.check_using(using), conf.stream_database(stream)
     # Built as bulk_create treats its instances: unsaved until the INSERT
     # returns its position, transaction id and time.
     event = StreamEvent(  # type: ignore[misc]  # xid and created_at: from the INSERT

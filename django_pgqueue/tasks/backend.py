@@ -159,7 +159,7 @@ class PgQueueBackend(BaseTaskBackend):
 
     def enqueue(self, task: Task, args: list[Any], kwargs: dict[str, Any]) -> TaskResult:
         task_result, message, now = self._prepare(task, args, kwargs, {})
-        queue_alias = conf.database_alias()
+        queue_alias = conf.queue_database(message["queue"])
         if self.using == queue_alias:
             _insert(task_result, message, queue_alias, now)
         else:
@@ -178,7 +178,9 @@ class PgQueueBackend(BaseTaskBackend):
         task's message: a schedule's tick is recorded and its task enqueued
         so, in one transaction, the message naming its schedule and tick."""
         task_result, message, now = self._prepare(task, args, kwargs, headers)
-        return task_result, _insert(task_result, message, conf.database_alias(), now)
+        return task_result, _insert(
+            task_result, message, conf.queue_database(message["queue"]), now
+        )
 
     def workflow_step(
         self, task: Task, args: list[Any], kwargs: dict[str, Any]
@@ -229,11 +231,13 @@ class PgQueueBackend(BaseTaskBackend):
             pk = uuid.UUID(str(result_id))
         except ValueError:
             raise TaskResultDoesNotExist(result_id) from None
-        using = conf.database_alias()
-        record = TaskRecord.objects.using(using).filter(pk=pk).first()
-        if record is None:
-            raise TaskResultDoesNotExist(result_id)
-        return result_from_record(record, using)
+        # A task's record is on its queue's database; its id (a UUID) is
+        # unique across them all.
+        for using in conf.databases():
+            record = TaskRecord.objects.using(using).filter(pk=pk).first()
+            if record is not None:
+                return result_from_record(record, using)
+        raise TaskResultDoesNotExist(result_id)
 
 
 def _task_message(task_result: TaskResult, headers: dict[str, Any]) -> dict[str, Any]:

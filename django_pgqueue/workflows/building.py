@@ -12,7 +12,6 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
-from django_pgqueue import conf
 from django_pgqueue.exceptions import WorkflowError
 from django_pgqueue.models.workflows import NAME_MAX_LENGTH
 from django_pgqueue.workflows import storing
@@ -127,7 +126,7 @@ class Workflow:
         none. The steps that follow none are ready at once; the others are
         held until every step they follow has finished."""
         graph = self.graph()
-        run = WorkflowRun(None, conf.database_alias())
+        run = WorkflowRun(None, storing.database_of(list(self.steps.values())))
 
         def written(pk: int) -> None:
             run.pk = pk

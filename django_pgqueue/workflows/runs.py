@@ -202,6 +202,13 @@ class WorkflowRun:
         taken = self._taken
         if built.name is None:
             built.name = self._generated_name(built.topic, taken)
+        home = conf.queue_database(built.row.options.queue)
+        if home != self.using:
+            raise WorkflowError(
+                f"step {built.name!r} is on queue {built.row.options.queue!r}, whose database "
+                f"is {home!r}; workflow {self.pk} is on {self.using!r}, and a workflow's steps "
+                "are all on queues of one database"
+            )
         existing = self._existing()
         if built.name in taken or built.name in existing:
             raise WorkflowError(f"workflow {self.pk} has a step named {built.name!r} already")

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from django.db import connections, transaction
 
 from django_pgqueue import conf
+from django_pgqueue.exceptions import WorkflowError
 from django_pgqueue.sql import workflows as workflows_sql
 from django_pgqueue.validation import check_using
 
@@ -29,7 +30,7 @@ def write(
     """Write a workflow named ``name``: its ``steps`` with the edges of
     ``graph``; ``written`` is called with its id (at the caller's commit
     when the queue is on another database than ``using``)."""
-    caller, alias = check_using(using), conf.database_alias()
+    caller, alias = check_using(using), database_of(steps)
 
     def insert() -> None:
         with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
@@ -47,6 +48,22 @@ def write(
         # The queue is on another database: the workflow waits for the
         # caller's commit, as enqueue()'s messages do.
         transaction.on_commit(insert, using=caller)
+
+
+def database_of(steps: Sequence[Step]) -> str:
+    """The database alias of the queues of ``steps``: WorkflowError if they
+    are on several (a workflow is written, and its steps released, in one
+    transaction)."""
+    homes: dict[str, str] = {}
+    for step in steps:
+        queue = step.row.options.queue
+        homes.setdefault(conf.queue_database(queue), queue)
+    if len(homes) > 1:
+        named = ", ".join(f"queue {queue!r} on {alias!r}" for alias, queue in homes.items())
+        raise WorkflowError(
+            f"a workflow's steps are all on queues of one database; these are on several: {named}"
+        )
+    return next(iter(homes), conf.get("DATABASE"))
 
 
 def insert_steps(
