@@ -71,7 +71,11 @@ class CancelResult:
 
 
 def cancel(
-    messages: Messages, *, by: str = "", now: datetime.datetime | None = None
+    messages: Messages,
+    *,
+    by: str = "",
+    now: datetime.datetime | None = None,
+    database: str | None = None,
 ) -> CancelResult:
     """Cancel ``messages`` (a queryset, ids or messages): those waiting,
     delayed or blocked at once (they never run); for those processing, the
@@ -79,8 +83,15 @@ def cancel(
     ``cancel_requested()`` turns True within a second). Each chunk of
     CHUNK_SIZE messages is one transaction that locks their rows, so a
     claim and a cancel of one message never both win. Returns the counts by
-    outcome (CancelResult)."""
-    using = conf.database_alias()
+    outcome (CancelResult).
+
+    ``database`` is the alias the messages are on, when queues live on
+    several databases (their ids are numbered per database): by default a
+    queryset's ``.using()`` alias or the messages' own, else
+    ``PGQUEUE["DATABASE"]``."""
+    if not isinstance(messages, QuerySet | Message | int):
+        messages = list(messages)  # read once: for their database, then their ids
+    using = _database_of(messages, database)
     result = CancelResult()
     for ids in _id_chunks(messages, using):
         _cancel_chunk(ids, using, by, now, result)
@@ -94,7 +105,11 @@ def cancel(
 
 
 async def acancel(
-    messages: Messages, *, by: str = "", now: datetime.datetime | None = None
+    messages: Messages,
+    *,
+    by: str = "",
+    now: datetime.datetime | None = None,
+    database: str | None = None,
 ) -> CancelResult:
     """``cancel()`` for async code: the same arguments, result and errors
     (``QueueControlError``). It runs ``cancel()`` through
@@ -103,7 +118,9 @@ async def acancel(
     there, and each chunk's transaction is a savepoint of the transaction
     open there on the queue's database, if any, else commits at once (docs:
     *Async code*)."""
-    return await sync_to_async(cancel, thread_sensitive=True)(messages, by=by, now=now)
+    return await sync_to_async(cancel, thread_sensitive=True)(
+        messages, by=by, now=now, database=database
+    )
 
 
 def cancel_running(
@@ -225,6 +242,31 @@ def _cancel_chunk(
 
 def _cancelled(message: Message, worker: str) -> None:
     signals.send(signals.message_cancelled, sender=Message, message=message, worker=worker)
+
+
+def _database_of(messages: Messages, database: str | None) -> str:
+    """The alias ``messages`` are on (``cancel``'s ``database``); a bad
+    alias, or messages of several databases, is a QueueControlError."""
+    if database is not None:
+        problem = conf.alias_problem(database)
+        if problem:
+            raise QueueControlError(f"database {problem}")
+        return database
+    if isinstance(messages, QuerySet):
+        # _db: the alias its .using() named, if any (QuerySet.db would
+        # answer the router's default instead of the database in scope).
+        return messages._db or conf.database_alias()  # type: ignore[union-attr]
+    items = [messages] if isinstance(messages, Message | int) else messages
+    if isinstance(items, list):
+        found = {m._state.db for m in items if isinstance(m, Message) and m._state.db}
+        if len(found) > 1:
+            raise QueueControlError(
+                f"the messages are on several databases ({', '.join(sorted(found))}): "
+                "cancel those of each database in a call of its own"
+            )
+        if found:
+            return found.pop()
+    return conf.database_alias()
 
 
 def _id_chunks(messages: Messages, using: str) -> Iterator[list[int]]:

@@ -118,6 +118,12 @@ SILENCED_SYSTEM_CHECKS = ["pgqueue.W107"]
 # variable (a JSON object), e.g. PGQUEUE_JSON='{"HEARTBEAT_INTERVAL": 0.5}'.
 PGQUEUE = env.json("PGQUEUE_JSON", default={})
 
+# DATABASE_ROUTERS="django_pgqueue.routers.QueueRouter": the router that
+# puts the app's tables on the queue databases only (tests/test_databases.py
+# migrates fresh databases with it; the suite's own test databases hold
+# every table).
+DATABASE_ROUTERS = env.list("DATABASE_ROUTERS", default=[])
+
 # OpenTelemetry: a process started with PGQUEUE_TRACE_FILE (the tests'
 # worker processes, tests/test_tracing.py) exports its spans to that file, one
 # JSON object a line, through the SDK's console exporter; the test reads them.
