@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import connections
-from django.db.models import QuerySet
 from django.test import TestCase
 from django.utils import timezone
 
@@ -88,7 +87,7 @@ def enqueued(
     match, oldest first. ``payload`` matches a payload that contains its
     keys with these values (PostgreSQL's ``@>``: nested dicts match the
     same way, lists must contain the given items)."""
-    return list(_matching(topic, queue, payload))
+    return _matching(topic, queue, payload)
 
 
 def assert_enqueued(
@@ -124,16 +123,27 @@ def assert_not_enqueued(
 
 
 def _matching(
-    topic: str | None, queue: str | None, payload: Mapping[str, Any] | None
-) -> QuerySet[Message]:
-    messages = Message.objects.using(conf.database_alias()).filter(status__in=ENQUEUED)
-    if topic is not None:
-        messages = messages.filter(topic=topic)
-    if queue is not None:
-        messages = messages.filter(queue=queue)
-    if payload is not None:
-        messages = messages.filter(payload__contains=payload)
-    return messages.order_by("id")
+    topic: str | None,
+    queue: str | None,
+    payload: Mapping[str, Any] | None,
+    limit: int | None = None,
+) -> list[Message]:
+    """The enqueued messages that match, of every queue database (in the
+    order of ``conf.databases()``, then by id), at most ``limit``."""
+    found: list[Message] = []
+    aliases = conf.databases() if queue is None else [conf.queue_database(queue)]
+    for alias in aliases:
+        messages = Message.objects.using(alias).filter(status__in=ENQUEUED)
+        if topic is not None:
+            messages = messages.filter(topic=topic)
+        if queue is not None:
+            messages = messages.filter(queue=queue)
+        if payload is not None:
+            messages = messages.filter(payload__contains=payload)
+        found += messages.order_by("id")[: None if limit is None else limit - len(found)]
+        if limit is not None and len(found) >= limit:
+            break
+    return found
 
 
 def _describe(topic: str | None, queue: str | None, payload: object) -> str:
@@ -144,7 +154,7 @@ def _describe(topic: str | None, queue: str | None, payload: object) -> str:
 
 def _listing() -> str:
     """What is enqueued, for a failed assertion: one line per message."""
-    messages = list(_matching(None, None, None)[: SHOWN + 1])
+    messages = _matching(None, None, None, limit=SHOWN + 1)
     if not messages:
         return "Nothing is enqueued."
     lines = [f"Enqueued ({'first ' + str(SHOWN) if len(messages) > SHOWN else len(messages)}):"]
@@ -248,8 +258,24 @@ def drain(
         raise TypeError(f"queue must be a queue's name or None, not {type(queue).__name__}")
     if now is not None and timezone.is_naive(now):
         raise ValueError("now must be an aware datetime (django.utils.timezone.now() is one)")
-    alias = conf.database_alias()
     wanted = None if topics is None else frozenset([topics] if isinstance(topics, str) else topics)
+    drained = Drained()
+    # Each queue database in turn, as the engine of a worker serving it.
+    for alias in conf.databases() if queue is None else [conf.queue_database(queue)]:
+        left = None if max_messages is None else max_messages - len(drained)
+        with conf.on_database(alias):
+            drained.runs += _drain_database(alias, queue, wanted, now, left, schedules).runs
+    return drained
+
+
+def _drain_database(
+    alias: str,
+    queue: str | None,
+    wanted: frozenset[str] | None,
+    now: datetime.datetime | None,
+    max_messages: int | None,
+    schedules: bool,
+) -> Drained:
     runner = _Runner(alias, wanted, now)
     if schedules:
         runner.run_schedules()

@@ -308,3 +308,18 @@ def test_the_router_keeps_the_tables_off_databases_without_queues():
         made = tables(url)
     assert "django_migrations" in made, "migrate ran"
     assert not {t for t in made if t.startswith("django_pgqueue")}
+
+
+# --- the test helpers ----------------------------------------------------------------
+
+
+def test_the_test_helpers_see_and_drain_every_database():
+    from django_pgqueue import testing
+
+    django_pgqueue.enqueue("demo.welcome_email", {"to": "a"}, queue="bulk")
+    django_pgqueue.enqueue("demo.welcome_email", {"to": "b"})
+    assert [m.payload["to"] for m in testing.enqueued()] == ["b", "a"], "DATABASE first"
+    testing.assert_enqueued("demo.welcome_email", {"to": "a"}, queue="bulk")
+    drained = testing.drain()
+    assert sorted(m.payload["to"] for m in drained.messages) == ["a", "b"]
+    assert drained.done == 2 and testing.enqueued() == []
