@@ -105,6 +105,12 @@ DEFAULTS: dict[str, Any] = {
     # all workers together; set_partition_limits() (and the Queues page,
     # "pgqueue_queues") gives a named partition its own.
     # {"reports": {"concurrency": 20, "partition": {"concurrency": 2}}}.
+    #
+    # "database": an alias of DATABASES puts the queue on that database
+    # instead of DATABASE: {"bulk": {"database": "queues_2"}}. Its messages,
+    # dead letters, history, controls and schedules live there; enqueue()
+    # writes there (in the caller's transaction on that alias, else at its
+    # commit), and a worker serves it with connections of that database.
     "QUEUES": None,
     # Seconds a cancelled message stays in the queue table (status
     # "cancelled", for the record) before maintenance deletes it. None keeps
