@@ -17,7 +17,9 @@ def register():
     # Tagged "database": it queries the server, so Django runs it only when
     # asked to (manage.py check --database, migrate).
     checks.register(check_vacuum, checks.Tags.database)
-    checks.register(check_queue_tables, checks.Tags.database)
+    # A deployment check: migrate runs the checks before it migrates, and
+    # would warn of the very tables it is about to create.
+    checks.register(check_queue_tables, checks.Tags.database, deploy=True)
 
 
 def check_settings(app_configs=None, **kwargs):
@@ -145,8 +147,7 @@ def _queue_databases():
 
 def check_queue_tables(app_configs=None, databases=None, **kwargs):
     """pgqueue.W108: a database that holds a queue or a stream lacks the
-    app's tables. A warning, not an error: ``migrate --database <alias>``,
-    which creates them, runs the checks first and would stop at an error."""
+    app's tables (``manage.py check --deploy --database <alias>``)."""
     from django.conf import settings
     from django.db import connections
 

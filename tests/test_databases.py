@@ -291,15 +291,15 @@ def tables(url):
 def test_a_queue_database_without_the_tables_is_found_and_migrate_makes_them():
     pgqueue = {"QUEUES": {"default": {}, "bulk": {"database": "other"}}}
     with fresh_database() as url:
-        found = manage("check", "--database", "other", other_url=url, pgqueue=pgqueue)
+        check = ("check", "--deploy", "--database", "other")
+        found = manage(*check, other_url=url, pgqueue=pgqueue)
         assert "pgqueue.W108" in found
         assert "'other' has no django-pgqueue tables: its queues (bulk)" in found
         assert "manage.py migrate --database other" in found
-        manage("migrate", "--database", "other", other_url=url, pgqueue=pgqueue)
+        migrated = manage("migrate", "--database", "other", other_url=url, pgqueue=pgqueue)
+        assert "W108" not in migrated, "migrate does not warn of the tables it makes"
         assert "django_pgqueue_message" in tables(url)
-        assert "pgqueue.W108" not in manage(
-            "check", "--database", "other", other_url=url, pgqueue=pgqueue
-        )
+        assert "pgqueue.W108" not in manage(*check, other_url=url, pgqueue=pgqueue)
 
 
 def test_the_router_keeps_the_tables_off_databases_without_queues():
