@@ -217,7 +217,7 @@ def test_autovacuum_switched_off_on_our_tables_is_a_warning_whose_hint_fixes_it(
         cursor.execute("SELECT reloptions FROM pg_class WHERE relname = 'django_pgqueue_message'")
         [options] = cursor.fetchone()
     assert per_table() == [], "the hint's statements switch it back on"
-    assert "fillfactor=90" in options, "and leave the migrations' other settings alone"
+    assert "fillfactor=50" in options, "and leave the migrations' other settings alone"
 
 
 def test_the_autovacuum_check_runs_only_for_the_queue_database_when_asked():

@@ -872,7 +872,7 @@ def test_the_queue_tables_carry_their_autovacuum_settings():
         "autovacuum_vacuum_scale_factor=0",
         "autovacuum_vacuum_threshold=5000",
         "autovacuum_vacuum_cost_delay=0",
-        "fillfactor=90",
+        "fillfactor=50",  # migration 0021
         "vacuum_index_cleanup=on",  # migration 0012
     } <= options["django_pgqueue_message"]
     assert "autovacuum_vacuum_insert_threshold=50000" in options["django_pgqueue_deadletter"]
