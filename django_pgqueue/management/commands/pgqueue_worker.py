@@ -2,10 +2,12 @@
 --burst, until nothing is ready and its subscriptions have caught up)."""
 
 import argparse
+import functools
 import gc
 import logging
 import os
 import sys
+from collections.abc import Callable
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
@@ -26,7 +28,7 @@ from django_pgqueue.observability import endpoints
 from django_pgqueue.observability.endpoints import MetricsServer
 from django_pgqueue.observability.health import WorkerHealthServer
 from django_pgqueue.observability.metrics import WorkerMetrics
-from django_pgqueue.worker import Worker
+from django_pgqueue.worker import Worker, engines
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -196,8 +198,13 @@ class Command(BaseCommand):
             except ImproperlyConfigured as exc:
                 raise CommandError(f"--metrics-port: {exc}") from None
         _name_connections(f"pgqueue_worker#{os.getpid()}")
-        worker = Worker(
-            queues=options["queues"],
+        databases = engines.plan(options["queues"], options["subscriptions"])
+        make: Callable[..., Worker | engines.Engines] = (
+            functools.partial(engines.Engines, databases)  # one engine per database
+            if len(databases) > 1
+            else functools.partial(Worker, queues=options["queues"])
+        )
+        worker = make(
             concurrency=options["concurrency"],
             async_concurrency=options["async_concurrency"],
             batch_size=options["batch_size"],
