@@ -1,5 +1,14 @@
 """manage.py pgqueue_worker: run a worker until SIGTERM/SIGINT (or, with
---burst, until nothing is ready and its subscriptions have caught up)."""
+--burst, until nothing is ready and its subscriptions have caught up).
+
+When the queues it serves (and the streams of the subscriptions it delivers
+to) are on several databases (``PGQUEUE["QUEUES"][name]["database"]``,
+``PGQUEUE["STREAMS"]``), the process runs one engine per database, each with
+its own connections, LISTEN, leases, heartbeat row, maintenance, scheduler
+and stream delivery there; --concurrency, --async-concurrency, --batch-size,
+--prefetch and --max-messages apply to each engine. A database that is down
+stops only its own engine's work (it retries with backoff); the health port
+tells which one fails."""
 
 import argparse
 import functools
@@ -90,7 +99,8 @@ class Command(BaseCommand):
             "--concurrency",
             type=up_to(1000, "one thread and database connection each"),
             default=4,
-            help="handler threads, each with its own database connection (default: 4)",
+            help="handler threads, each with its own database connection (default: 4); "
+            "with queues on several databases, per database",
         )
         parser.add_argument(
             "--async-concurrency",
@@ -125,7 +135,8 @@ class Command(BaseCommand):
             "--max-messages",
             type=positive_int,
             default=None,
-            help="exit after claiming this many messages",
+            help="exit after claiming this many messages (with queues on several databases: "
+            "each database's engine this many)",
         )
         parser.add_argument(
             "--shutdown-timeout",
@@ -158,7 +169,8 @@ class Command(BaseCommand):
             type=port,
             default=None,
             help="answer GET / with 200 while this worker's loop and database connection "
-            "work, else 503 (0: any free port, logged)",
+            "work, else 503 (0: any free port, logged); with queues on several databases, "
+            "one part per database, and the failing ones named",
         )
         parser.add_argument(
             "--http-host",
