@@ -15,6 +15,7 @@ import socket
 
 import pytest
 from demo.models import Handled
+from django.core.management import call_command
 from django.test import override_settings
 
 from django_pgqueue import conf, enqueue, publish
@@ -127,6 +128,36 @@ def test_engines_in_burst_mode_drain_each_database_and_end_together():
     assert served.run() == 10
     assert not messages("default").exists() and not messages("other").exists()
     assert handled("test.record").count() == handled("test.record_nonatomic").count() == 5
+
+
+@ON_OTHER
+@pytest.mark.django_db(transaction=True, databases=BOTH)
+def test_the_worker_command_runs_one_engine_per_database_only_when_it_needs_several(caplog):
+    enqueue("test.record_nonatomic", {"n": 1}, queue="bulk")
+    # One database ("other"): one Worker, on it, as before.
+    call_command("pgqueue_worker", "--burst", "--queues", "bulk", "--subscriptions", "none")
+    assert not messages("other").exists()
+    assert "one engine per database" not in caplog.text
+    assert "starting: database=other queues=bulk" in caplog.text
+    enqueue("test.record", {"n": 2})
+    enqueue("test.record_nonatomic", {"n": 3}, queue="bulk")
+    call_command("pgqueue_worker", "--burst", *BOTH_QUEUES, "--subscriptions", "none")
+    assert not messages("default").exists() and not messages("other").exists()
+    assert "one engine per database: default (default); other (bulk)" in caplog.text
+    assert handled("test.record").count() == 1 and handled("test.record_nonatomic").count() == 2
+
+
+@ON_OTHER
+@pytest.mark.django_db(transaction=True, databases=BOTH)
+def test_an_engine_that_crashes_stops_the_others_and_its_error_is_raised():
+    served = engines.Engines(engines.plan(None, "none"), schedules=False, poll_interval=0.1)
+
+    def crash():
+        raise KeyError("boom")
+
+    served.engines["other"].run = crash
+    with pytest.raises(RuntimeError, match="the engine of database 'other' crashed: 'boom'"):
+        served.run()  # not --burst: the engine on "default" ran until the crash stopped it
 
 
 # --- real worker processes ---------------------------------------------------------
