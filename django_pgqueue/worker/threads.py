@@ -11,16 +11,10 @@ import threading
 from collections.abc import Callable
 
 
-def thread(target: Callable[[], object], name: str) -> threading.Thread:
-    """A daemon thread, not started, that runs ``target`` in a copy of the
-    calling thread's context (taken now: make it where the engine's
-    database is in force)."""
-    context = contextvars.copy_context()
-    return threading.Thread(target=context.run, args=(target,), name=name, daemon=True)
-
-
 def start(target: Callable[[], object], name: str) -> threading.Thread:
-    """``thread(target, name)``, started."""
-    started = thread(target, name)
-    started.start()
-    return started
+    """Start a daemon thread that runs ``target`` in a copy of the calling
+    thread's context (call it where the engine's database is in force)."""
+    context = contextvars.copy_context()
+    thread = threading.Thread(target=context.run, args=(target,), name=name, daemon=True)
+    thread.start()
+    return thread
