@@ -122,12 +122,17 @@ def test_engines_in_burst_mode_drain_each_database_and_end_together():
     for n in range(5):
         enqueue("test.record", {"n": n})
         enqueue("test.record_nonatomic", {"n": n}, queue="bulk")
-    assert messages("other").count() == 5 and messages("default").count() == 5
+    # Async handlers on "other": on the event loop (its tasks, its settling
+    # threads) and, atomic, in a handler thread's transaction there.
+    enqueue("test.async_wait", {"seconds": 0.01}, queue="bulk")
+    enqueue("test.async", {}, queue="bulk")
+    assert messages("other").count() == 7 and messages("default").count() == 5
     served = engines.Engines(engines.plan(None, "none"), burst=True, concurrency=2, schedules=False)
     assert set(served.engines) == {"default", "other"}
-    assert served.run() == 10
+    assert served.run() == 12
     assert not messages("default").exists() and not messages("other").exists()
     assert handled("test.record").count() == handled("test.record_nonatomic").count() == 5
+    assert handled("test.async_wait").count() == handled("test.async").count() == 1
 
 
 @ON_OTHER
