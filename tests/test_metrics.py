@@ -155,6 +155,7 @@ def test_a_worker_counts_its_reconnects(start_worker):
             parse(http_get(f"http://127.0.0.1:{port}/")[1]),
             "pgqueue_worker_reconnects_total",
             connection="listener",
+            database="default",
         ),
         timeout=60,
         message="the listener's reconnect to be counted",

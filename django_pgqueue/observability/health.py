@@ -10,7 +10,11 @@
 - Worker: its main loop goes round (and its stream delivery thread, when it
   serves subscriptions: ``Worker.health``) and its database connection
   works. For an orchestrator's liveness probe: "should this process be
-  restarted?".
+  restarted?". A worker serving queues on several databases (one engine
+  per database, ``worker.engines``) answers one part per database under
+  ``"databases"``, each judged alone, and lists the failing ones under
+  ``"failing"``: 503 while any fails (its engine retries meanwhile, the
+  others go on).
 
 Both answer 200 or 503 with a JSON body that says why. Database error texts
 (host names, ports) are logged, not served: the body says what failed.
@@ -29,16 +33,18 @@ from django_pgqueue.observability import endpoints, stats
 logger = logging.getLogger(__name__)
 
 
-def _database_works():
-    """Run ``SELECT 1`` on this thread's connection to the queue database;
-    a broken connection is closed so the next check reconnects."""
-    connection = connections[conf.get("DATABASE")]
+def _database_works(alias=None):
+    """Run ``SELECT 1`` on this thread's connection to the queue database
+    ``alias`` (default: ``PGQUEUE["DATABASE"]``); a broken connection is
+    closed so the next check reconnects."""
+    alias = alias or conf.get("DATABASE")
+    connection = connections[alias]
     try:
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
         return True
     except DatabaseError as exc:
-        logger.warning("Health check: the queue database does not answer: %s", exc)
+        logger.warning("Health check: the queue database %s does not answer: %s", alias, exc)
         connection.close()
         return False
 
@@ -82,6 +88,18 @@ def system_health():
     return not problems, body
 
 
+def _engine_check(worker):
+    """``(healthy, details)`` of one engine (a ``Worker``, on one database):
+    its own ``health()``, and a ``SELECT 1`` on its database from this
+    thread (``"database"``: "ok" or "unreachable")."""
+    healthy, details = worker.health()
+    database = _database_works(worker.config.database)
+    details["database"] = "ok" if database else "unreachable"
+    healthy = healthy and database
+    details["status"] = "ok" if healthy else "unhealthy"
+    return healthy, details
+
+
 class WorkerHealthServer:
     """A worker's ``--health-port``: ``GET /`` (or ``/health``, ``/healthz``)
     answers 200 while ``worker.health()`` is good and a ``SELECT 1`` on the
@@ -114,12 +132,19 @@ class WorkerHealthServer:
         self._thread.join(timeout=5)
 
     def check(self):
-        healthy, details = self.worker.health()
-        database = _database_works()
-        details["database"] = "ok" if database else "unreachable"
-        healthy = healthy and database
-        details["status"] = "ok" if healthy else "unhealthy"
-        return healthy, details
+        engines = getattr(self.worker, "engines", None)
+        if engines is None:  # one database
+            return _engine_check(self.worker)
+        # Several databases (worker.engines.Engines): one part per database,
+        # each judged alone; the worker is healthy while every part is.
+        parts = {alias: _engine_check(engine) for alias, engine in engines.items()}
+        failing = [alias for alias, (healthy, _) in parts.items() if not healthy]
+        return not failing, {
+            "status": "unhealthy" if failing else "ok",
+            "worker_id": self.worker.worker_id,
+            "failing": failing,
+            "databases": {alias: details for alias, (_, details) in parts.items()},
+        }
 
     def _serve(self):
         try:

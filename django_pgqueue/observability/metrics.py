@@ -9,7 +9,8 @@ tells the workers apart. ``NullMetrics`` takes the same reports and keeps
 nothing: what a worker reports to without ``--metrics-port``.
 
 The worker and the stream thread report here, so this module stands below
-them and imports nothing of django-pgqueue. The figures read from the queue
+them and imports nothing of django-pgqueue but ``conf`` (a reconnect is
+counted with the database of the engine that reports it). The figures read from the queue
 tables at scrape time are ``scrape.py``'s.
 
 prometheus_client is imported when a WorkerMetrics is made: without it,
@@ -25,6 +26,8 @@ from types import ModuleType
 from typing import Any, Protocol
 
 from django.core.exceptions import ImproperlyConfigured
+
+from django_pgqueue import conf
 
 INSTALL_HINT = "pip install 'django-pgqueue[prometheus]'"
 
@@ -91,6 +94,7 @@ class WorkerMetrics:
     def __init__(self) -> None:
         prometheus = client()
         self.registry = prometheus.CollectorRegistry()
+        self._inflight_counts: list[Callable[[], int]] = []
         self.messages = prometheus.Counter(
             "pgqueue_worker_messages",
             "Messages this worker finished, by topic and outcome (done, retried, dead_lettered, "
@@ -122,13 +126,14 @@ class WorkerMetrics:
         self.reconnects = prometheus.Counter(
             "pgqueue_worker_reconnects",
             "Database errors after which a connection of this worker was reopened, "
-            "by connection (loop, listener, heartbeat, scheduler).",
-            ["connection"],
+            "by connection (loop, listener, heartbeat, scheduler, streams) and database "
+            "alias (a worker serving queues on several databases has one engine each).",
+            ["connection", "database"],
             registry=self.registry,
         )
         self.inflight = prometheus.Gauge(
             "pgqueue_worker_inflight",
-            "Messages this worker's handlers hold now.",
+            "Messages this worker's handlers hold now (on all its databases).",
             registry=self.registry,
         )
         self.schedule_ticks = prometheus.Counter(
@@ -187,11 +192,15 @@ class WorkerMetrics:
             self.handler_duration.labels(message.topic).observe(duration)
 
     def reconnected(self, connection: str) -> None:
-        self.reconnects.labels(connection).inc()
+        # In the reporting thread: its engine's database (conf.on_database).
+        self.reconnects.labels(connection, conf.database_alias()).inc()
 
     def track_inflight(self, count: Callable[[], int]) -> None:
-        """``count``: a callable returning the number of messages held."""
-        self.inflight.set_function(count)
+        """``count``: a callable returning the number of messages an engine
+        holds; the gauge is the sum over the engines that called it."""
+        counts = self._inflight_counts
+        counts.append(count)
+        self.inflight.set_function(lambda: sum(held() for held in counts))
 
     def scheduled(self, schedule: str, enqueued: int, skipped: int) -> None:
         if enqueued:

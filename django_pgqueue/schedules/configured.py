@@ -3,9 +3,10 @@ the ``schedule=`` of the registered handlers, by name."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
 
 from django_pgqueue import conf, registry
 from django_pgqueue.schedules.spec import InvalidSchedule, ScheduleSpec, parse, problems
@@ -67,3 +68,25 @@ def get(name: str) -> ScheduleSpec:
         known = ", ".join(specs) or "none"
         raise KeyError(f"no schedule {name!r} (configured: {known})")
     return specs[name]
+
+
+def queue_of(spec: ScheduleSpec) -> str:
+    """The queue ``spec``'s ticks go to: its ``queue``, else, for a task, the
+    task's own ``queue_name``, else the default queue. (A task that cannot be
+    imported: the default queue; its ticks fail to enqueue anyway, logged.)"""
+    if spec.queue is not None:
+        return spec.queue
+    if spec.task is not None:
+        try:
+            return str(import_string(spec.task).queue_name)
+        except (ImportError, AttributeError):
+            pass
+    return str(conf.get("DEFAULT_QUEUE"))
+
+
+def schedules_on(specs: Sequence[ScheduleSpec], alias: str) -> list[ScheduleSpec]:
+    """Those of ``specs`` whose queue is on the database ``alias``: what a
+    worker's engine on ``alias`` runs (their state rows live there too)."""
+    if len(conf.databases()) == 1:  # one database: every schedule (no import)
+        return list(specs)
+    return [spec for spec in specs if conf.queue_database(queue_of(spec)) == alias]

@@ -147,5 +147,11 @@ def select(names: str | Sequence[str] | None) -> list[SubscriberSpec]:
     return [spec for name in dict.fromkeys(names) if (spec := lookup(name)) is not None]
 
 
+def subscriptions_on(specs: Sequence[SubscriberSpec], alias: str) -> list[SubscriberSpec]:
+    """Those of ``specs`` whose stream is on the database ``alias``
+    (``conf.stream_database``): what a worker's engine on ``alias`` serves."""
+    return [spec for spec in specs if conf.stream_database(spec.stream) == alias]
+
+
 def autodiscover() -> None:
     autodiscover_modules("subscribers")

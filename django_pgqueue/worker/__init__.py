@@ -12,7 +12,11 @@
 - ``heartbeat``: liveness, lease extension, maintenance;
 - ``wakeup``, ``listener``: what wakes the main loop;
 - ``shutdown``: signals and the steps of a shutdown;
-- ``streams``: the stream delivery thread, for the subscriptions it serves.
+- ``streams``: the stream delivery thread, for the subscriptions it serves;
+- ``threads``: how its threads start, each working on its database.
+
+A ``Worker`` is an engine for one database. ``engines`` runs one per
+database in one process, for a worker whose queues are on several.
 """
 
 from django_pgqueue.worker.core import Worker

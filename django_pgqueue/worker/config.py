@@ -40,6 +40,37 @@ def on_event_loop(specs: Iterable[HandlerSpec]) -> bool:
     return any(runs_on_event_loop(spec) for spec in specs)
 
 
+def _database(queues: list[str], database: str | None) -> str:
+    """The database of an engine serving ``queues``: ``database`` when
+    given (every queue must be on it), else the one their queues are on
+    (``PGQUEUE["DATABASE"]`` for none). A ValueError when they are on several:
+    one engine serves one database."""
+    grouped = conf.queues_by_database(queues)
+    if database is not None:
+        problem = conf.alias_problem(database)
+        if problem:
+            raise ValueError(f"database {database!r}: the alias {problem}")
+        elsewhere = {alias: names for alias, names in grouped.items() if alias != database}
+        if elsewhere:
+            raise ValueError(
+                f"a worker on the database {database!r} cannot serve queues of other "
+                f"databases ({_listed(elsewhere)}); give it the queues of {database!r} only"
+            )
+        return database
+    if len(grouped) > 1:
+        raise ValueError(
+            f"the queues are on several databases ({_listed(grouped)}), and a Worker serves "
+            "one: give it the queues of one database (database= names it), or run "
+            "manage.py pgqueue_worker, which runs one engine per database"
+        )
+    return next(iter(grouped), conf.get("DATABASE"))
+
+
+def _listed(grouped: Mapping[str, list[str]]) -> str:
+    """ "default: a, b; other: bulk"."""
+    return "; ".join(f"{alias}: {', '.join(names)}" for alias, names in grouped.items())
+
+
 @dataclass(frozen=True)
 class WorkerConfig:
     worker_id: str
@@ -71,6 +102,11 @@ class WorkerConfig:
     # the handler threads, their ORM calls in the acknowledgement's
     # transaction).
     async_concurrency: int = 0
+    # The database alias it works on (``conf.on_database``): its queues'
+    # messages, its row in the worker table, its leases, LISTEN and
+    # maintenance. One engine serves one database; pgqueue_worker runs one
+    # engine per database (``worker.engines``).
+    database: str = "default"
 
     @classmethod
     def resolve(
@@ -87,6 +123,7 @@ class WorkerConfig:
         lease_seconds: float | None,
         worker_id: str | None,
         async_concurrency: int | None = None,
+        database: str | None = None,
     ) -> WorkerConfig:
         """The Worker's arguments (None: the default) over the settings."""
         hostname = socket.gethostname()
@@ -96,10 +133,16 @@ class WorkerConfig:
         batch_size = batch_size or DEFAULT_BATCH_SIZE
         if queues is None:
             names, weights = conf.queues(), conf.queue_weights()
+            if database is not None:  # the configured queues on that database
+                names = [name for name in names if conf.queue_database(name) == database]
+                weights = {name: weights[name] for name in names if name in weights}
         elif isinstance(queues, Mapping):
             names, weights = list(queues), dict(queues)
         else:
             names, weights = list(queues), {}
+        if not names and database is None:
+            names = conf.queues()
+        database = _database(names, database)
         for name, weight in weights.items():
             problem = conf.weight_problem(weight)
             if problem:
@@ -112,7 +155,8 @@ class WorkerConfig:
         return cls(
             worker_id=worker_id or f"{hostname}:{os.getpid()}:{uuid.uuid4().hex[:6]}",
             hostname=hostname,
-            queues=names or conf.queues(),
+            queues=names,
+            database=database,
             weights=weights if len(weights) > 1 else {},
             concurrency=concurrency,
             batch_size=batch_size,

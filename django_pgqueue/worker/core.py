@@ -39,9 +39,8 @@ from django.db import DatabaseError, connections
 from django_pgqueue import conf, liveness
 from django_pgqueue.db import Backoff, drop_broken_connections, first_line, lock_timed_out
 from django_pgqueue.observability.metrics import NullMetrics
-from django_pgqueue.schedules.configured import configured
 from django_pgqueue.schedules.spec import ScheduleSpec
-from django_pgqueue.streams.subscribers import select
+from django_pgqueue.streams.subscribers import select, subscriptions_on
 from django_pgqueue.worker import listener, shutdown
 from django_pgqueue.worker.acks import Acks
 from django_pgqueue.worker.claiming import Claimer
@@ -53,7 +52,7 @@ from django_pgqueue.worker.heartbeat import Heartbeat
 from django_pgqueue.worker.ledger import Ledger
 from django_pgqueue.worker.outcomes import Outcomes
 from django_pgqueue.worker.pool import HandlerPool
-from django_pgqueue.worker.scheduler import Scheduler
+from django_pgqueue.worker.scheduler import scheduler_for
 from django_pgqueue.worker.streams import StreamWorker, start_for
 from django_pgqueue.worker.summary import Summary
 from django_pgqueue.worker.wakeup import Wakeup
@@ -91,6 +90,7 @@ class Worker:
         subscriptions: str | Sequence[str] | None = None,
         schedules: bool | Sequence[ScheduleSpec] = True,
         async_concurrency: int | None = None,
+        database: str | None = None,
     ) -> None:
         self.config = WorkerConfig.resolve(
             queues=queues,
@@ -104,11 +104,12 @@ class Worker:
             lease_seconds=lease_seconds,
             worker_id=worker_id,
             async_concurrency=async_concurrency,
+            database=database,
         )
         self.metrics = metrics or NullMetrics()
         # Streams: the subscriptions it delivers to ("all", "none"/None, or
-        # names; an unknown name is a ValueError), in threads of their own.
-        self.subscriptions = select(subscriptions)
+        # names; an unknown name is a ValueError) whose stream is on its database.
+        self.subscriptions = subscriptions_on(select(subscriptions), self.config.database)
         self._streams: StreamWorker | None = None
         config, metrics = self.config, self.metrics
         self._wakeup = Wakeup()
@@ -130,8 +131,7 @@ class Worker:
         self._heartbeat = Heartbeat(config, self._ledger, metrics, self._exit, self._controls)
         # Periodic schedules: True runs the project's (settings and handlers;
         # ImproperlyConfigured if one is bad), False none, or these specs.
-        specs = configured() if schedules is True else list(schedules or ())
-        self._scheduler = Scheduler(config.worker_id, specs, metrics, self._exit) if specs else None
+        self._scheduler = scheduler_for(schedules, config, metrics, self._exit)
         self._threads: list[threading.Thread] = []
         # For health checks: when the main loop last went round, and the
         # database error it is recovering from, if any.
@@ -159,10 +159,11 @@ class Worker:
 
     def run(self, install_signals: bool = False) -> int:
         """Run until stopped; returns how many messages it processed."""
-        if connections[conf.database_alias()].in_atomic_block:
-            # Claims would become savepoints of the caller's transaction and
-            # stay invisible to every other worker until it commits.
-            raise RuntimeError("Worker.run() cannot be called inside a transaction")
+        with conf.on_database(self.config.database):  # so do the threads it starts
+            return self._run(install_signals)
+
+    def _run(self, install_signals: bool) -> int:
+        _refuse_a_transaction()
         config = self.config
         previous = shutdown.install_signals(self.worker_id, self.stop) if install_signals else None
         _log_start(config)
@@ -221,12 +222,9 @@ class Worker:
         if self.loop_error:
             details["loop_error"] = self.loop_error
         healthy = loop_alive and not self.loop_error
-        scheduler = self._scheduler
-        if scheduler is not None:
-            details["scheduler"] = {"schedules": scheduler.names, "rounds": scheduler.rounds}
-            if scheduler.error:  # it retries; no tick is enqueued meanwhile
-                details["scheduler"]["error"] = scheduler.error
-                healthy = False
+        if self._scheduler is not None:
+            scheduler_healthy, details["scheduler"] = self._scheduler.health()
+            healthy = healthy and scheduler_healthy
         if self._streams is not None:
             streams_healthy, details["streams"] = self._streams.health()
             healthy = healthy and streams_healthy
@@ -287,8 +285,9 @@ class Worker:
                 self.loop_error = first_line(exc)
                 self.metrics.reconnected("loop")
                 logger.warning(
-                    "Worker %s: database error (%s)%s; retrying in %.1fs",
+                    "Worker %s: database %s error (%s)%s; retrying in %.1fs",
                     self.worker_id,
+                    config.database,
                     self.loop_error,
                     _error_hint(exc),
                     backoff.delay,
@@ -370,10 +369,19 @@ class Worker:
         connections.close_all()
 
 
+def _refuse_a_transaction() -> None:
+    if connections[conf.database_alias()].in_atomic_block:
+        # Claims would become savepoints of the caller's transaction and
+        # stay invisible to every other worker until it commits.
+        raise RuntimeError("Worker.run() cannot be called inside a transaction")
+
+
 def _log_start(config: WorkerConfig) -> None:
     logger.info(
-        "Worker %s starting: queues=%s concurrency=%s%s batch=%s prefetch=%s notify=%s lease=%ss",
+        "Worker %s starting: database=%s queues=%s concurrency=%s%s batch=%s prefetch=%s "
+        "notify=%s lease=%ss",
         config.worker_id,
+        config.database,
         config.queues_text,
         config.concurrency,
         f" async_concurrency={config.async_concurrency}" if config.async_concurrency else "",

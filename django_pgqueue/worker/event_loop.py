@@ -25,6 +25,7 @@ from asgiref.sync import sync_to_async
 from django.db import connections
 
 from django_pgqueue.db import drop_broken_connections
+from django_pgqueue.worker import threads
 from django_pgqueue.worker.config import WorkerConfig
 from django_pgqueue.worker.job import LOST, Job
 
@@ -65,20 +66,21 @@ class EventLoop:
         # setting even while prefetched jobs wait).
         self._slots: asyncio.Semaphore | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._thread = threading.Thread(target=self._run, name="pgqueue-event-loop", daemon=True)
         self._ended: queue.SimpleQueue[tuple[Job, BaseException | None, bool] | None] = (
             queue.SimpleQueue()
         )
-        self._settling = [
-            threading.Thread(target=self._settle, name=f"pgqueue-settle-{n}", daemon=True)
-            for n in range(1, SETTLING_THREADS + 1)
-        ]
+        # Made by start(), in the engine's context (its database): the
+        # loop's tasks inherit the context of the loop's thread.
+        self._thread: threading.Thread | None = None
+        self._settling: list[threading.Thread] = []
 
     def start(self) -> None:
         self._loop = asyncio.new_event_loop()
-        for thread in self._settling:
-            thread.start()
-        self._thread.start()
+        self._settling = [
+            threads.start(self._settle, f"pgqueue-settle-{n}")
+            for n in range(1, SETTLING_THREADS + 1)
+        ]
+        self._thread = threads.start(self._run, "pgqueue-event-loop")
 
     def submit(self, job: Job) -> None:
         """Run ``job``'s async handler (from any thread, once started)."""
@@ -92,7 +94,7 @@ class EventLoop:
         loop = self._loop
         if loop is None:
             return  # never started
-        if self._thread.is_alive():
+        if self._thread is not None and self._thread.is_alive():
             future = asyncio.run_coroutine_threadsafe(self._cancel_all(), loop)
             try:
                 future.result(timeout)

@@ -20,6 +20,7 @@ from django.db import DatabaseError, connections
 
 from django_pgqueue import liveness, maintenance, vacuum
 from django_pgqueue.db import drop_broken_connections
+from django_pgqueue.worker import threads
 from django_pgqueue.worker.config import Metrics, WorkerConfig
 from django_pgqueue.worker.controls import QueueControls
 from django_pgqueue.worker.ledger import Ledger
@@ -46,9 +47,7 @@ class Heartbeat:
         self._last_beat: float | None = None  # time.monotonic() of the last recorded heartbeat
 
     def start(self) -> threading.Thread:
-        thread = threading.Thread(target=self._run, name="pgqueue-heartbeat", daemon=True)
-        thread.start()
-        return thread
+        return threads.start(self._run, "pgqueue-heartbeat")
 
     def stop(self) -> None:
         """Wake the thread to see that ``exit`` is set."""

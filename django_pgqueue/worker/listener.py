@@ -11,6 +11,7 @@ import logging
 import threading
 
 from django_pgqueue import notify
+from django_pgqueue.worker import threads
 from django_pgqueue.worker.config import Metrics, WorkerConfig
 from django_pgqueue.worker.controls import QueueControls
 from django_pgqueue.worker.wakeup import Wakeup
@@ -51,6 +52,4 @@ def start(
             reconnected=lambda: metrics.reconnected("listener"),
         )
 
-    thread = threading.Thread(target=listen, name="pgqueue-listener", daemon=True)
-    thread.start()
-    return thread
+    return threads.start(listen, "pgqueue-listener")

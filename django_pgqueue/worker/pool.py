@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from django.db import connections
 
+from django_pgqueue.worker import threads
 from django_pgqueue.worker.job import Job
 
 logger = logging.getLogger(__package__)
@@ -38,9 +39,7 @@ class HandlerPool:
             self._spawn()
 
     def _spawn(self) -> None:
-        threading.Thread(
-            target=self._work, name=f"pgqueue-handler-{next(self._names)}", daemon=True
-        ).start()
+        threads.start(self._work, f"pgqueue-handler-{next(self._names)}")
 
     def submit(self, job: Job) -> None:
         self._tasks.put(job)

@@ -25,8 +25,10 @@ from django.db import DatabaseError, connections
 
 from django_pgqueue.db import Backoff, drop_broken_connections, first_line
 from django_pgqueue.schedules import runs, state, ticks
+from django_pgqueue.schedules.configured import configured, schedules_on
 from django_pgqueue.schedules.spec import ScheduleSpec
-from django_pgqueue.worker.config import Metrics
+from django_pgqueue.worker import threads
+from django_pgqueue.worker.config import Metrics, WorkerConfig
 
 logger = logging.getLogger(__package__)
 
@@ -63,6 +65,14 @@ class Scheduler:
     def names(self) -> list[str]:
         return [spec.name for spec in self._specs]
 
+    def health(self) -> tuple[bool, dict[str, object]]:
+        """``(healthy, details)``: unhealthy while its last round failed on
+        the database (it retries; no tick is enqueued meanwhile)."""
+        details: dict[str, object] = {"schedules": self.names, "rounds": self.rounds}
+        if self.error:
+            details["error"] = self.error
+        return not self.error, details
+
     def start(self) -> threading.Thread:
         logger.info(
             "Worker %s: scheduler runs %s schedule(s): %s",
@@ -70,9 +80,7 @@ class Scheduler:
             len(self._specs),
             ", ".join(self.names),
         )
-        thread = threading.Thread(target=self._run, name="pgqueue-scheduler", daemon=True)
-        thread.start()
-        return thread
+        return threads.start(self._run, "pgqueue-scheduler")
 
     def stop(self) -> None:
         """Wake the thread to see that ``exit`` is set."""
@@ -144,3 +152,17 @@ class Scheduler:
         deleted = state.prune(horizons, result.now)
         if deleted:
             logger.debug("Worker %s scheduler: pruned %s ledger row(s)", self._worker_id, deleted)
+
+
+def scheduler_for(
+    schedules: bool | Sequence[ScheduleSpec],
+    config: WorkerConfig,
+    metrics: Metrics,
+    exit: threading.Event,
+) -> Scheduler | None:
+    """The scheduler of a worker's engine: of ``schedules`` (True: the
+    project's, ImproperlyConfigured if one is bad; False: none; or these
+    specs), those whose queue is on its database; None when none is."""
+    specs = configured() if schedules is True else list(schedules or ())
+    specs = schedules_on(specs, config.database)
+    return Scheduler(config.worker_id, specs, metrics, exit) if specs else None

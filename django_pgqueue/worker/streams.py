@@ -48,6 +48,7 @@ from django_pgqueue.observability.metrics import NullMetrics, WorkerMetrics
 from django_pgqueue.streams import CHANNEL, delivery, subscriptions
 from django_pgqueue.streams.subscribers import SubscriberSpec
 from django_pgqueue.text import first_line
+from django_pgqueue.worker import threads
 
 logger = logging.getLogger(__name__)
 
@@ -135,8 +136,7 @@ class StreamWorker:
             )
 
     def _start_thread(self, target: Callable[[], None], name: str) -> threading.Thread:
-        thread = threading.Thread(target=target, name=name, daemon=True)
-        thread.start()
+        thread = threads.start(target, name)
         self._threads.append(thread)
         return thread
 

@@ -63,6 +63,12 @@ DATABASES = {
     ),
 }
 
+# UNREACHABLE_DATABASE_URL: a third alias, "unreachable", pointed at a port
+# where nothing listens (tests/test_worker_databases.py starts a worker with a
+# queue there, to see it go on with the others). Absent when unset.
+if env.str("UNREACHABLE_DATABASE_URL", default=""):
+    DATABASES["unreachable"] = env.db_url("UNREACHABLE_DATABASE_URL")
+
 # Django turns psycopg's prepared statements off (prepare_threshold None) for
 # the sake of connection poolers; a project that talks to PostgreSQL directly
 # (or through PgBouncer 1.21+) can let psycopg prepare the statements it runs

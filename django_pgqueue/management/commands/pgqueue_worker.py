@@ -1,11 +1,22 @@
 """manage.py pgqueue_worker: run a worker until SIGTERM/SIGINT (or, with
---burst, until nothing is ready and its subscriptions have caught up)."""
+--burst, until nothing is ready and its subscriptions have caught up).
+
+When the queues it serves (and the streams of the subscriptions it delivers
+to) are on several databases (``PGQUEUE["QUEUES"][name]["database"]``,
+``PGQUEUE["STREAMS"]``), the process runs one engine per database, each with
+its own connections, LISTEN, leases, heartbeat row, maintenance, scheduler
+and stream delivery there; --concurrency, --async-concurrency, --batch-size,
+--prefetch and --max-messages apply to each engine. A database that is down
+stops only its own engine's work (it retries with backoff); the health port
+tells which one fails."""
 
 import argparse
+import functools
 import gc
 import logging
 import os
 import sys
+from collections.abc import Callable
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
@@ -26,7 +37,7 @@ from django_pgqueue.observability import endpoints
 from django_pgqueue.observability.endpoints import MetricsServer
 from django_pgqueue.observability.health import WorkerHealthServer
 from django_pgqueue.observability.metrics import WorkerMetrics
-from django_pgqueue.worker import Worker
+from django_pgqueue.worker import Worker, engines
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -88,7 +99,8 @@ class Command(BaseCommand):
             "--concurrency",
             type=up_to(1000, "one thread and database connection each"),
             default=4,
-            help="handler threads, each with its own database connection (default: 4)",
+            help="handler threads, each with its own database connection (default: 4); "
+            "with queues on several databases, per database",
         )
         parser.add_argument(
             "--async-concurrency",
@@ -123,7 +135,8 @@ class Command(BaseCommand):
             "--max-messages",
             type=positive_int,
             default=None,
-            help="exit after claiming this many messages",
+            help="exit after claiming this many messages (with queues on several databases: "
+            "each database's engine this many)",
         )
         parser.add_argument(
             "--shutdown-timeout",
@@ -156,7 +169,8 @@ class Command(BaseCommand):
             type=port,
             default=None,
             help="answer GET / with 200 while this worker's loop and database connection "
-            "work, else 503 (0: any free port, logged)",
+            "work, else 503 (0: any free port, logged); with queues on several databases, "
+            "one part per database, and the failing ones named",
         )
         parser.add_argument(
             "--http-host",
@@ -196,8 +210,13 @@ class Command(BaseCommand):
             except ImproperlyConfigured as exc:
                 raise CommandError(f"--metrics-port: {exc}") from None
         _name_connections(f"pgqueue_worker#{os.getpid()}")
-        worker = Worker(
-            queues=options["queues"],
+        databases = engines.plan(options["queues"], options["subscriptions"])
+        make: Callable[..., Worker | engines.Engines] = (
+            functools.partial(engines.Engines, databases)  # one engine per database
+            if len(databases) > 1
+            else functools.partial(Worker, queues=options["queues"])
+        )
+        worker = make(
             concurrency=options["concurrency"],
             async_concurrency=options["async_concurrency"],
             batch_size=options["batch_size"],
