@@ -341,7 +341,7 @@ class _Runner:
         return state.clock_and_last_ticks([])[0]
 
     def run_schedules(self) -> None:
-        specs = configured.configured()
+        specs = configured.schedules_on(configured.configured(), self.alias)
         if specs:
             while runs.run_round(specs, now=self.clock()).more:
                 pass

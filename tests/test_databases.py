@@ -266,7 +266,7 @@ def fresh_database():
             conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
 
 
-def manage(*args, other_url, pgqueue):
+def manage(*args, other_url, pgqueue, status=0):
     """``manage.py *args`` in a process of its own whose alias "other" is
     ``other_url``, with the router and ``pgqueue`` as PGQUEUE."""
     env = {
@@ -279,7 +279,7 @@ def manage(*args, other_url, pgqueue):
     run = subprocess.run(
         [sys.executable, str(MANAGE), *args], env=env, capture_output=True, text=True, timeout=120
     )
-    assert run.returncode == 0, run.stderr
+    assert run.returncode == status, run.stderr
     return run.stdout + run.stderr
 
 
@@ -296,6 +296,11 @@ def test_a_queue_database_without_the_tables_is_found_and_migrate_makes_them():
         assert "pgqueue.W108" in found
         assert "'other' has no django-pgqueue tables: its queues (bulk)" in found
         assert "manage.py migrate --database other" in found
+        refused = manage(
+            "pgqueue_worker", "--burst", "--queues", "default,bulk",
+            other_url=url, pgqueue=pgqueue, status=1,
+        )  # fmt: skip
+        assert "The queue database 'other' has no django-pgqueue tables: run manage.py " in refused
         migrated = manage("migrate", "--database", "other", other_url=url, pgqueue=pgqueue)
         assert "W108" not in migrated, "migrate does not warn of the tables it makes"
         assert "django_pgqueue_message" in tables(url)

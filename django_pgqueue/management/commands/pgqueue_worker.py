@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
-from django.db import connections
+from django.db import DatabaseError, connections
 
 from django_pgqueue import conf
 from django_pgqueue.conf.problems import ASYNC_CONCURRENCY_MAX
@@ -33,6 +33,7 @@ from django_pgqueue.management.options import (
     seconds_or_zero,
     up_to,
 )
+from django_pgqueue.models import Message
 from django_pgqueue.observability import endpoints
 from django_pgqueue.observability.endpoints import MetricsServer
 from django_pgqueue.observability.health import WorkerHealthServer
@@ -211,6 +212,7 @@ class Command(BaseCommand):
                 raise CommandError(f"--metrics-port: {exc}") from None
         _name_connections(f"pgqueue_worker#{os.getpid()}")
         databases = engines.plan(options["queues"], options["subscriptions"])
+        _require_tables(databases)
         make: Callable[..., Worker | engines.Engines] = (
             functools.partial(engines.Engines, databases)  # one engine per database
             if len(databases) > 1
@@ -303,6 +305,25 @@ def _announce(worker, kind, host, port, access):
             host,
             access,
         )
+
+
+def _require_tables(aliases):
+    """CommandError for a queue database that answers but lacks the app's
+    tables: its engine would fail every claim, for ever. (One that does not
+    answer yet is left to its engine, which retries until it does.)"""
+    table = Message._meta.db_table
+    for alias in aliases:
+        try:
+            tables = connections[alias].introspection.table_names()
+        except DatabaseError:
+            continue
+        finally:
+            connections[alias].close()  # (this thread's; the engines open their own)
+        if table not in tables:
+            raise CommandError(
+                f"The queue database {alias!r} has no django-pgqueue tables: run "
+                f"manage.py migrate --database {alias} (docs: Queues on several databases)."
+            )
 
 
 def _name_connections(application_name):
