@@ -185,3 +185,31 @@ def test_fair():
     for phase in ("main", "variant: 500 keyed not yet due", "variant: 500 without a key"):
         assert re.search(rf"^--- {phase}, before: EXPLAIN .* of 'fair', ", out, re.M), out
     assert re.search(r"^target: .*: met$", out, re.M), out
+
+
+def test_wal(tmp_path):
+    url, _ = bench_url("_wal")
+    out = run(
+        "wal",
+        *["--messages", "300", "--rounds", "1", "--handlers", "nonatomic"],
+        *["--keep-finished", "both", "--json", tmp_path / "wal.json", "--database-url", url],
+    )
+    assert re.search(r"^ *django_pgqueue_message +Heap/UPDATE +claim +[\d.]+ ", out, re.M), out
+    assert re.search(r"^ *total, without full-page images( +[\d.]+ +[\d.]+-[\d.]+){2}$", out, re.M)
+    result = json.loads((tmp_path / "wal.json").read_text())
+    summary = result["summary"]
+    assert set(summary) == {"atomic=False", "atomic=False, KEEP_FINISHED 0"}, summary
+    (run_on,) = result["rounds"]["atomic=False"]
+    message_bytes = sum(
+        line["per_message"]
+        for line in run_on["lines"]
+        if line["relation"] == "django_pgqueue_message"
+    )
+    assert message_bytes > 0, run_on["lines"]
+    for name, figures in summary.items():
+        assert 200 < figures["total"] < 3000, (name, figures)
+        assert figures["total_with_fpi"] >= figures["total"], (name, figures)
+        assert figures["purposes"]["claim"] > 0 and figures["purposes"]["acknowledgement"] > 0
+    # The history's bytes are what KEEP_FINISHED 0 saves.
+    assert summary["atomic=False"]["purposes"]["history"] > 0, summary
+    assert summary["atomic=False, KEEP_FINISHED 0"]["purposes"]["history"] == 0, summary

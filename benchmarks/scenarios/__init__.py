@@ -76,4 +76,9 @@ SCENARIOS: dict[str, Scenario] = {
         "the fair claim of a million messages in 10,000 partitions beside the plain claim,"
         " in turn: claim time ratio",
     ),
+    "wal": Scenario(
+        "benchmarks.scenarios.wal_bytes",
+        "where each byte of WAL goes per message in a worker's drain: by relation, record"
+        " type and purpose",
+    ),
 }
