@@ -12,8 +12,6 @@ from django_pgqueue import conf, controls
 from django_pgqueue.models import SubscriptionState
 from django_pgqueue.observability import outcomes, stats
 from django_pgqueue.schedules import overview
-from django_pgqueue.schedules import state as schedule_state
-from django_pgqueue.schedules.configured import load
 
 # What a message in the queue table is doing, in the report's order.
 STATES = (stats.READY, stats.DELAYED, stats.BLOCKED, stats.PROCESSING)
@@ -93,7 +91,7 @@ def report(selected: list[str] | None) -> dict[str, Any]:
             key=lambda row: row["name"],
         ),
         # Schedules have no queue of their own to --queue by: always all.
-        "schedules": [{"database": alias, **row.as_json()} for row in _schedules(alias)],
+        "schedules": [{"database": alias, **row.as_json()} for row in overview.rows_here()],
         # Finished messages kept (KEEP_FINISHED): how many, how old.
         "history": outcomes.history_summary(now),
         # Workflows by status (finished ones until they are pruned).
@@ -138,16 +136,6 @@ def merged(reports: dict[str, dict[str, Any]]) -> dict[str, Any]:
         for status in parts[0]["workflows"]
     }
     return result
-
-
-def _schedules(alias: str) -> list[Any]:
-    """The schedules shown for ``alias``: every configured one on DATABASE
-    (where the schedules are kept unless a database of their own has rows),
-    elsewhere only those with a state row there."""
-    if alias == conf.get("DATABASE"):
-        return overview.rows()
-    kept = schedule_state.states()
-    return overview.rows([spec for spec in load()[0] if spec.name in kept])
 
 
 def _controls(name: str, state: Any) -> dict[str, Any]:

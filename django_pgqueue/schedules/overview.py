@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from django_pgqueue import conf
 from django_pgqueue.models import Schedule
 from django_pgqueue.schedules import state, ticks
 from django_pgqueue.schedules.configured import load
@@ -55,6 +56,16 @@ class Row:
             "last_message_state": self.last_message_state,
             "skipped": self.skipped,
         }
+
+
+def rows_here() -> list[Row]:
+    """The schedules shown for the database the code works on: on DATABASE
+    every configured one (``rows()``), elsewhere only those with a state
+    row there (and those no longer configured)."""
+    if conf.database_alias() == conf.get("DATABASE"):
+        return rows()
+    kept = state.states()
+    return rows([spec for spec in load()[0] if spec.name in kept])
 
 
 def rows(
