@@ -59,13 +59,22 @@ class Row:
 
 
 def rows_here() -> list[Row]:
-    """The schedules shown for the database the code works on: on DATABASE
-    every configured one (``rows()``), elsewhere only those with a state
-    row there (and those no longer configured)."""
-    if conf.database_alias() == conf.get("DATABASE"):
-        return rows()
+    """The schedules shown for the database the code works on: those whose
+    queue is on it (a worker's engine on it runs them; their state rows live
+    there), those with a state row there, and those no longer configured."""
+    specs, _ = load()
+    alias = conf.database_alias()
+    if len(conf.databases()) == 1:
+        return rows(specs)
     kept = state.states()
-    return rows([spec for spec in load()[0] if spec.name in kept])
+    default = conf.get("DEFAULT_QUEUE")
+    return rows(
+        [
+            spec
+            for spec in specs
+            if spec.name in kept or conf.queue_database(spec.queue or default) == alias
+        ]
+    )
 
 
 def rows(
