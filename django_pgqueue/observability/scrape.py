@@ -159,9 +159,9 @@ def _read() -> dict[str, list[Sample]]:
     history = outcomes.history_summary()
     oldest = history["oldest_age_seconds"]
     return {
-        "messages": stats.messages_by_queue_topic_state(),
+        "messages": list(stats.messages_by_queue_topic_state()),
         "oldest": _per_queue(configured, stats.oldest_ready_age(), 0.0),
-        "dead": stats.dead_letters_by_topic_category_state(),
+        "dead": list(stats.dead_letters_by_topic_category_state()),
         "paused": _per_queue(configured, dict.fromkeys(paused, 1), 0),
         "live": _per_queue(configured, stats.live_workers_by_queue(), 0),
         "lag_events": [(row.name, row.stream, row.lag) for row in subscriptions],

@@ -282,9 +282,9 @@ class Command(BaseCommand):
         self.stdout.write(" ".join(title.ljust(width) for title, width in columns) + " REASON")
         for alias, row in found:
             when = timezone.localtime(row.dead_lettered_at).strftime("%Y-%m-%d %H:%M")
-            values = (row.pk, when, row.state, row.category, row.topic, row.queue, row.attempts)
+            values = [row.pk, when, row.state, row.category, row.topic, row.queue, row.attempts]
             if len(aliases) > 1:
-                values = (alias, *values)
+                values = [alias, *values]
             cells = [
                 cell(value, width).ljust(width)
                 for value, (_, width) in zip(values, columns, strict=True)

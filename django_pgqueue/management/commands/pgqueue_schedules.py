@@ -77,8 +77,8 @@ class Command(BaseCommand):
             with conf.on_database(alias):
                 rows += [(alias, row) for row in overview.rows_here()]
         if as_json:
-            data = [{"database": alias, **row.as_json()} for alias, row in rows]
-            self.stdout.write(json.dumps(data, indent=2))
+            found = [{"database": alias, **row.as_json()} for alias, row in rows]
+            self.stdout.write(json.dumps(found, indent=2))
             return
         several = len(aliases) > 1
         columns = COLUMNS.led_by("DATABASE", "<12") if several else COLUMNS

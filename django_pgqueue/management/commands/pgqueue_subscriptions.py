@@ -99,7 +99,7 @@ class Command(BaseCommand):
 def _by_database(names):
     """``{alias: [name, ...]}``: each subscription name on the database that
     holds its row (a name found nowhere: on DATABASE, which says so)."""
-    grouped = {}
+    grouped: dict[str, list[str]] = {}
     for name in dict.fromkeys(names):
         where = next(
             (
