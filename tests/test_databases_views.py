@@ -299,3 +299,118 @@ def test_health_with_one_database_keeps_its_body():
         healthy, body = system_health()
     assert not healthy
     assert set(body) == {"status", "database", "queues", "subscriptions", "problems"}
+
+
+# --- the admin --------------------------------------------------------------------------
+
+DEAD_LETTERS = "/admin/django_pgqueue/deadletter/"
+MESSAGES = "/admin/django_pgqueue/message/"
+
+
+@pytest.fixture
+def operator(client, django_user_model):
+    """A logged-in superuser's client."""
+    client.force_login(django_user_model.objects.create_superuser("operator", "", "x"))
+    return client
+
+
+def listed(response):
+    assert response.status_code == 200, response.content[:500]
+    return [(obj._state.db, obj.pk) for obj in response.context["cl"].result_list]
+
+
+@pytest.mark.django_db(databases=BOTH)
+def test_dead_letters_changelist_chooses_its_database_with_a_filter(two_databases, operator):
+    here = dead_letter("default", topic="a.topic")
+    there = dead_letter("other", topic="b.topic")
+
+    response = operator.get(DEAD_LETTERS)
+    assert listed(response) == [("default", here.pk)], "the first database by default"
+    filters = [spec.title for spec in response.context["cl"].filter_specs]
+    assert filters[0] == "database"
+    page = response.content.decode()
+    assert "By database" in page and 'class="column-database_column"' in page
+
+    response = operator.get(DEAD_LETTERS + "?database=other")
+    assert listed(response) == [("other", there.pk)]
+    choices = list(response.context["cl"].filter_specs[0].choices(response.context["cl"]))
+    assert [(c["display"], c["selected"]) for c in choices] == [
+        ("default", False),
+        ("other", True),
+    ]
+    # The object links keep the database (Django's preserved filters).
+    change = f"{DEAD_LETTERS}{there.pk}/change/?_changelist_filters=database%3Dother"
+    assert change in response.content.decode()
+    response = operator.get(change)
+    assert response.status_code == 200
+    assert response.context["original"].topic == "b.topic"
+
+
+@pytest.mark.django_db(databases=BOTH)
+def test_an_admin_action_on_the_other_database_acts_there(two_databases, operator):
+    there = dead_letter("other", topic="b.topic")
+    same_id = dead_letter("default", topic="a.topic", message_id=2)
+    post = {"action": "revive", "index": 0, "_selected_action": [there.pk]}
+    response = operator.post(DEAD_LETTERS + "?database=other", post, follow=True)
+    assert response.status_code == 200
+    there.refresh_from_db(using="other")
+    assert there.state == DeadLetterState.REVIVED
+    assert Message.objects.using("other").get(pk=there.revived_message_id).topic == "b.topic"
+    same_id.refresh_from_db(using="default")
+    assert same_id.state == DeadLetterState.NEW, "default's rows are left alone"
+    assert response.redirect_chain[-1][0].endswith("?database=other"), response.redirect_chain
+
+
+@pytest.mark.django_db(databases=BOTH)
+def test_messages_changelist_shows_the_other_databases_messages(two_databases, operator):
+    enqueue("test.record", {"n": 1})
+    enqueue_bulk({"n": 2})
+    assert [db for db, _ in listed(operator.get(MESSAGES))] == ["default"]
+    rows = listed(operator.get(MESSAGES + "?database=other"))
+    assert [db for db, _ in rows] == ["other"]
+    message = Message.objects.using("other").get()
+    response = operator.get(f"{MESSAGES}{message.pk}/change/?_changelist_filters=database%3Dother")
+    assert (response.status_code, response.context["original"].queue) == (200, "bulk")
+
+
+@pytest.mark.django_db(databases=BOTH)
+def test_a_bad_database_choice_falls_back_to_the_first(two_databases, operator):
+    dead_letter("default")
+    response = operator.get(DEAD_LETTERS + "?database=nowhere")
+    assert [db for db, _ in listed(response)] == ["default"]
+
+
+@pytest.mark.django_db(databases=BOTH)
+def test_the_queues_and_overview_pages_show_both_databases(two_databases, operator):
+    enqueue("test.record", {"n": 1})
+    enqueue_bulk({"n": 2})
+    dead_letter("other")
+    response = operator.get("/admin/django_pgqueue/queuestate/")
+    assert response.status_code == 200
+    rows = {row.name: (row.database, row.ready) for row, _ in response.context["rows"]}
+    assert rows == {"default": ("default", 1), "bulk": ("other", 1)}
+    assert '<td class="pgqueue-database">other</td>' in response.content.decode()
+
+    response = operator.get("/admin/django_pgqueue/queuestate/bulk/pause/")
+    assert response.status_code == 405, "pausing is a POST"
+    operator.post("/admin/django_pgqueue/queuestate/bulk/pause/")
+    from django_pgqueue.models import QueueState
+
+    assert QueueState.objects.using("other").get(name="bulk").paused, "kept on bulk's database"
+    assert not QueueState.objects.using("default").filter(name="bulk").exists()
+
+    response = operator.get("/admin/django_pgqueue/finishedmessage/overview/")
+    assert response.status_code == 200
+    queues = [(q["database"], q["name"], q["depth"]["ready"]) for q in response.context["queues"]]
+    assert queues == [("default", "default", 1), ("other", "bulk", 1)]
+    assert response.context["total"]["depth"]["ready"] == 2
+    assert ("other", "transient", 1) in response.context["dead_by_category"]
+    assert "Queue bulk (database other)" in response.content.decode()
+
+
+@pytest.mark.django_db(databases=BOTH)
+def test_with_one_database_there_is_no_database_filter_nor_column(operator):
+    dead_letter("default")
+    response = operator.get(DEAD_LETTERS)
+    assert "database" not in [spec.title for spec in response.context["cl"].filter_specs]
+    assert "column-database_column" not in response.content.decode()

@@ -58,23 +58,27 @@ class Row:
         }
 
 
-def rows_here() -> list[Row]:
-    """The schedules shown for the database the code works on: those whose
-    queue is on it (a worker's engine on it runs them; their state rows live
-    there), those with a state row there, and those no longer configured."""
+def specs_here() -> list[ScheduleSpec]:
+    """The configured schedules of the database the code works on: those
+    whose queue is on it (a worker's engine on it runs them; their state
+    rows live there) and those with a state row there; every one when the
+    queues are on one database."""
     specs, _ = load()
-    alias = conf.database_alias()
     if len(conf.databases()) == 1:
-        return rows(specs)
+        return specs
+    alias, default = conf.database_alias(), conf.get("DEFAULT_QUEUE")
     kept = state.states()
-    default = conf.get("DEFAULT_QUEUE")
-    return rows(
-        [
-            spec
-            for spec in specs
-            if spec.name in kept or conf.queue_database(spec.queue or default) == alias
-        ]
-    )
+    return [
+        spec
+        for spec in specs
+        if spec.name in kept or conf.queue_database(spec.queue or default) == alias
+    ]
+
+
+def rows_here() -> list[Row]:
+    """The rows of the database the code works on: its schedules
+    (``specs_here``), then those no longer configured."""
+    return rows(specs_here())
 
 
 def rows(
