@@ -6,16 +6,24 @@ The test project has two aliases, "default" and "other"; "bulk" lives on
 "other" here (PGQUEUE["QUEUES"]["bulk"]["database"]).
 """
 
+import datetime
 import io
 import json
 
 import pytest
 from django.core.management import CommandError, call_command
 from django.test import override_settings
+from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from django_pgqueue import conf, enqueue, liveness
-from django_pgqueue.models import Category, DeadLetter, DeadLetterState, Message
+from django_pgqueue.models import (
+    Category,
+    DeadLetter,
+    DeadLetterState,
+    Message,
+    WorkerHeartbeat,
+)
 
 from .conftest import unreachable
 
@@ -187,6 +195,49 @@ def test_prune_goes_through_both_databases(two_databases):
     assert out.splitlines()[0].startswith("finished messages (history): 0 due"), out
     with pytest.raises(CommandError, match="not a database of the queues"):
         run("pgqueue_prune", "--database", "elsewhere")
+
+
+@pytest.mark.django_db(databases=BOTH)
+def test_prune_deletes_what_is_due_on_each_database(two_databases):
+    long_dead = timezone.now() - datetime.timedelta(days=30)
+    for alias in BOTH:
+        for name, expires_at in [("dead", long_dead), ("alive", timezone.now())]:
+            WorkerHeartbeat.objects.using(alias).create(
+                worker_id=f"{alias}-{name}",
+                hostname="host",
+                pid=1,
+                queues=["default"],
+                concurrency=1,
+                expires_at=expires_at,
+            )
+    code, out, _ = run("pgqueue_prune")
+    assert code == 0
+    assert "default: rows of dead workers: 1 deleted" in out.splitlines()
+    assert "other: rows of dead workers: 1 deleted" in out.splitlines()
+    for alias in BOTH:
+        kept = WorkerHeartbeat.objects.using(alias).values_list("worker_id", flat=True)
+        assert list(kept) == [f"{alias}-alive"], alias
+
+
+@pytest.mark.django_db(databases=BOTH)
+def test_schedules_and_subscriptions_lists_say_their_database(two_databases):
+    from django_pgqueue.models import Subscription
+
+    Subscription.objects.using("other").create(name="on.other", stream="orders")
+    code, out, _ = run("pgqueue_subscriptions", "list")
+    lines = out.splitlines()
+    assert lines[0].split()[:2] == ["DATABASE", "NAME"]
+    assert ["other", "on.other", "orders"] == lines[-1].split()[:3], lines
+    code, out, _ = run("pgqueue_subscriptions", "pause", "on.other")
+    assert out.strip() == "pause: 1 of 1 subscription(s) changed"
+    assert Subscription.objects.using("other").get().state == "paused"
+    code, out, _ = run("pgqueue_subscriptions", "list", "--database", "default")
+    assert "on.other" not in out and "DATABASE" not in out
+
+    code, out, _ = run("pgqueue_schedules", "list", "--json")
+    assert all(row["database"] in BOTH for row in json.loads(out))
+    code, out, _ = run("pgqueue_schedules", "list")
+    assert out.splitlines()[0].split()[:2] == ["DATABASE", "NAME"]
 
 
 @pytest.mark.django_db(databases=BOTH)
