@@ -4,6 +4,10 @@ workers, as text or JSON, and an exit status for cron and monitoring.
     pgqueue_status [--queue NAME ...] [--database ALIAS] [--json]
                    [--max-ready N] [--max-age SECONDS] [--max-dead-letters N] [--min-workers N]
 
+It reads every database that holds the queues, DATABASE first (``--database``:
+one), and merges their reports (``status.merged``), each queue and row saying
+its database; the text gains a DATABASE column when there are several.
+
 Exit status: 0 when no threshold is crossed, 1 when one is (after the whole
 report is written; one CRITICAL line per crossing on stderr, like
 ``migrate --check``), 2 when the command cannot run (a bad option, the queue
@@ -68,7 +72,8 @@ class Command(BaseCommand):
         "last tick, the last message's state, paused or not). Exit status: 0 when no threshold "
         "is crossed; 1 when one is (the report is still written, and one CRITICAL line per "
         "crossing goes to stderr); 2 when the command cannot run (a bad option, the queue "
-        "database unreachable or not migrated, a failing system check)."
+        "database unreachable or not migrated, a failing system check). With queues on several "
+        "databases it reads each (--database: one), every row saying its database."
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
