@@ -441,8 +441,8 @@ def test_metrics_show_paused_queues_and_health_does_not_mind(client):
     pause_queue("emails")
     with override_settings(PGQUEUE={"QUEUES": ["default", "emails"]}):
         body = render_database_metrics()[0].decode()
-        assert 'pgqueue_queue_paused{queue="emails"} 1.0' in body
-        assert 'pgqueue_queue_paused{queue="default"} 0.0' in body
+        assert 'pgqueue_queue_paused{database="default",queue="emails"} 1.0' in body
+        assert 'pgqueue_queue_paused{database="default",queue="default"} 0.0' in body
         with running_worker(queues=["default", "emails"], poll_interval=30):
             wait_until(lambda: health.system_health()[0], timeout=60, message="healthy")
 

@@ -218,8 +218,9 @@ def test_the_scrape_reports_the_history():
     history(2, timezone.now() - datetime.timedelta(minutes=10))
     body, _ = render_database_metrics()
     text = body.decode()
-    assert "pgqueue_history_rows 2.0" in text
-    age = float(re.search(r"^pgqueue_history_oldest_age_seconds (\S+)$", text, re.M).group(1))
+    assert 'pgqueue_history_rows{database="default"} 2.0' in text
+    pattern = r'^pgqueue_history_oldest_age_seconds\{database="default"\} (\S+)$'
+    age = float(re.search(pattern, text, re.M).group(1))
     assert 590 < age < 700
 
 

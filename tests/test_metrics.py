@@ -33,7 +33,11 @@ def parse(text):
     return samples
 
 
+# The families the web process reads from the queue tables: each sample
+# labelled with its database ("default" unless a test says otherwise).
 def value(samples, name, **labels):
+    if not name.startswith("pgqueue_worker_"):
+        labels.setdefault("database", "default")
     return samples.get((name, tuple(sorted(labels.items()))))
 
 
@@ -202,7 +206,7 @@ def test_an_unreachable_database_is_reported_as_down_not_as_an_error(client):
     finally:
         other.close()
         other.settings_dict["PORT"] = port
-    assert value(web, "pgqueue_database_up") == 0
+    assert value(web, "pgqueue_database_up", database="other") == 0
     assert {key[0] for key in web} == {"pgqueue_database_up"}
 
 

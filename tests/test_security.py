@@ -609,7 +609,8 @@ def test_metric_label_values_are_escaped_per_the_prometheus_text_format(
         for family in text_string_to_metric_families(text)
         for sample in family.samples
     }
-    ready = ("queue", METRIC_NAME), ("state", "ready"), ("topic", METRIC_NAME)
+    ready = ("database", "default"), ("queue", METRIC_NAME), ("state", "ready")
+    ready += (("topic", METRIC_NAME),)
     assert ("pgqueue_messages", ready) in parsed, "the value does not parse back as written"
 
 

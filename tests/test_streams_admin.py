@@ -265,8 +265,8 @@ def test_the_metrics_report_each_subscriptions_lag_and_state(events):
         for sample in family.samples:
             samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
 
-    def value(name, **labels):
-        return samples.get((name, tuple(sorted(labels.items()))))
+    def value(name, **labels):  # every sample says its database
+        return samples.get((name, tuple(sorted({"database": "default", **labels}.items()))))
 
     ledger = {"subscription": "test.ledger", "stream": "test.events"}
     paused = {"subscription": "old.paused", "stream": "test.events"}
@@ -279,6 +279,6 @@ def test_the_metrics_report_each_subscriptions_lag_and_state(events):
     subscriptions.reset(["test.ledger"], events[-1].position)
     body, _ = scrape.render_database_metrics()
     assert (
-        'pgqueue_subscription_lag_seconds{stream="test.events",subscription="test.ledger"} 0.0'
-        in (body.decode())
+        'pgqueue_subscription_lag_seconds{database="default",stream="test.events",'
+        'subscription="test.ledger"} 0.0' in (body.decode())
     )

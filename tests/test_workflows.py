@@ -437,8 +437,8 @@ def test_metrics_count_steps_released_and_workflows_finished():
     assert value("pgqueue_worker_workflow_steps_released_total") == 5  # 4 parts, the report
     assert value("pgqueue_worker_workflows_finished_total", {"outcome": "done"}) == 1
     scraped = render_database_metrics()[0].decode()
-    assert 'pgqueue_workflows{status="done"} 1.0' in scraped
-    assert 'pgqueue_workflows{status="running"} 0.0' in scraped
+    assert 'pgqueue_workflows{database="default",status="done"} 1.0' in scraped
+    assert 'pgqueue_workflows{database="default",status="running"} 0.0' in scraped
 
 
 def test_finished_workflows_are_pruned_with_their_steps_by_the_history_retention():

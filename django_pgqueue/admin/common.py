@@ -2,11 +2,13 @@
 of an action that asks for something first, the audit trail, and how texts
 and JSON are shown.
 
-Every row shown here lives on the queue's database (``PGQUEUE["DATABASE"]``)
-and is changed through the operations (``lifecycle``, ``deadletters``,
-``streams.subscriptions``), not by a ModelAdmin's own save or delete; the
-one exception is a new dead letter's payload, fixed in its form before a
-revive (``deadletters.DeadLetterAdmin.save_model``).
+Every row shown here lives on a database of the queues: the one the page
+works on (``chosen_database``: the "Database" filter, shown when the queues
+span several databases, ``?database=`` in the URL, kept by the links and
+forms of the page; else ``PGQUEUE["DATABASE"]``), and is changed through
+the operations (``lifecycle``, ``deadletters``, ``streams.subscriptions``),
+not by a ModelAdmin's own save or delete; the one exception is a new dead
+letter's payload, fixed in its form before a revive (``deadletters.DeadLetterAdmin.save_model``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from django.contrib.admin.options import IncorrectLookupParameters
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db.models import Model, Q, QuerySet, TextField
 from django.db.models.functions import Cast
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, QueryDict
 from django.template.response import TemplateResponse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
@@ -79,17 +81,124 @@ def shown(field: str, render: Callable[[Any], str], description: str) -> Callabl
     return column
 
 
+View = Callable[..., HttpResponse]
+
+# --- which database ---------------------------------------------------------------------
+
+# The query parameter that names the database a page works on.
+DATABASE = "database"
+
+
+def several_databases() -> bool:
+    """Whether the queues span several databases (the filter and column are shown)."""
+    return len(conf.databases()) > 1
+
+
+def chosen_database(request: HttpRequest) -> str:
+    """The database alias a page works on: ``?database=`` of the URL, or of
+    the changelist filters it preserves (a change page, ``_changelist_filters``);
+    else, or when it names no database of the queues, the first
+    (``PGQUEUE["DATABASE"]``)."""
+    aliases = conf.databases()
+    value = request.GET.get(DATABASE)
+    if value is None and "_changelist_filters" in request.GET:
+        value = QueryDict(request.GET["_changelist_filters"]).get(DATABASE)
+    return value if value in aliases else aliases[0]
+
+
+def on_database_of(url: str, alias: str) -> str:
+    """``url`` (of a changelist) limited to the database ``alias`` when
+    there are several: with ``database=alias`` in its query string."""
+    if not several_databases():
+        return url
+    return f"{url}{'&' if '?' in url else '?'}{DATABASE}={alias}"
+
+
+def change_url_on(url: str, alias: str) -> str:
+    """``url`` (of a change page) on the database ``alias`` when there are
+    several: ``?_changelist_filters=database%3Dalias``, as Django's own
+    links from a filtered changelist."""
+    if not several_databases():
+        return url
+    query = QueryDict(mutable=True)
+    query["_changelist_filters"] = f"{DATABASE}={alias}"
+    return f"{url}{'&' if '?' in url else '?'}{query.urlencode()}"
+
+
+class DatabaseFilter(admin.SimpleListFilter):
+    """The database of the rows shown (a changelist reads one at a time:
+    querysets of two databases cannot be joined); the first is the default,
+    so there is no "All". ``get_queryset`` reads the chosen one; this
+    filter only shows the choice and keeps it in the URL."""
+
+    title = "database"
+    parameter_name = DATABASE
+
+    def __init__(self, request: HttpRequest, *args: Any, **kwargs: Any) -> None:
+        self.chosen = chosen_database(request)
+        super().__init__(request, *args, **kwargs)
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(alias, alias) for alias in conf.databases()]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset  # the queryset is already on the chosen database
+
+    def choices(self, changelist: Any) -> Any:
+        for value, label in self.lookup_choices:
+            yield {
+                "selected": value == self.chosen,
+                "query_string": changelist.get_query_string({self.parameter_name: value}),
+                "display": label,
+            }
+
+
+@admin.display(description="database")
+def database_column(obj: Model) -> str:
+    """The database a row was read from."""
+    return obj._state.db or ""
+
+
 # --- the base ModelAdmins ---------------------------------------------------------------
 
 
 class PgQueueModelAdmin(admin.ModelAdmin):
-    """Rows read from the queue's database; a filter or search value with a
-    NUL is refused as Django refuses any unusable filter value (a redirect
-    to ``?e=1``): PostgreSQL text cannot hold one, and the query would fail
-    in the database (a server error)."""
+    """Rows read from the database the page works on (``chosen_database``,
+    a "Database" filter and column when there are several); every view runs
+    inside ``conf.on_database`` of it, so the actions and the operations
+    they call work there. A filter or search value with a NUL is refused as
+    Django refuses any unusable filter value (a redirect to ``?e=1``):
+    PostgreSQL text cannot hold one, and the query would fail in the
+    database (a server error)."""
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         return super().get_queryset(request).using(conf.database_alias())
+
+    def get_list_filter(self, request: HttpRequest) -> Any:
+        found = list(super().get_list_filter(request))
+        return [DatabaseFilter, *found] if several_databases() else found
+
+    def get_list_display(self, request: HttpRequest) -> Any:
+        found = list(super().get_list_display(request))
+        return [*found, database_column] if several_databases() else found
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        with conf.on_database(chosen_database(request)):
+            return _rendered(super().changelist_view(request, extra_context))
+
+    def changeform_view(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        with conf.on_database(chosen_database(request)):
+            return _rendered(super().changeform_view(request, *args, **kwargs))
+
+    def history_view(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        with conf.on_database(chosen_database(request)):
+            return _rendered(super().history_view(request, *args, **kwargs))
+
+    def delete_view(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        with conf.on_database(chosen_database(request)):
+            return _rendered(super().delete_view(request, *args, **kwargs))
 
     def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
         if any("\x00" in value for _, values in request.GET.lists() for value in values):
@@ -101,6 +210,34 @@ class PgQueueModelAdmin(admin.ModelAdmin):
         (``revive`` is ``django_pgqueue.revive_deadletter``)."""
         opts = self.opts
         return request.user.has_perm(f"{opts.app_label}.{action}_{opts.model_name}")
+
+
+def _rendered(response: HttpResponse) -> HttpResponse:
+    """``response`` rendered now (a TemplateResponse is rendered lazily,
+    after the view returns: outside the database the view works on)."""
+    render = getattr(response, "render", None)
+    if render is not None and not getattr(response, "is_rendered", True):
+        render()
+    return response
+
+
+def run_on(alias_of: Callable[..., str]) -> Callable[[View], View]:
+    """Run a custom admin view inside ``conf.on_database`` of the alias that
+    ``alias_of(request, *args, **kwargs)`` names, its response rendered there."""
+
+    def decorate(view: View) -> View:
+        @functools.wraps(view)
+        def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            with conf.on_database(alias_of(request, *args, **kwargs)):
+                return _rendered(view(request, *args, **kwargs))
+
+        return wrapped
+
+    return decorate
+
+
+# A custom view of the page's database (``chosen_database``).
+on_chosen_database = run_on(lambda request, *args, **kwargs: chosen_database(request))
 
 
 class ReadOnlyModelAdmin(PgQueueModelAdmin):

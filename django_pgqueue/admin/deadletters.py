@@ -32,6 +32,7 @@ from django_pgqueue.admin.common import (
     QueueModelAdmin,
     asks_first,
     log_changes,
+    on_chosen_database,
     pre,
     preformatted,
     report,
@@ -149,7 +150,7 @@ class DeadLetterAdmin(QueueModelAdmin):
 
     def get_urls(self) -> list[URLPattern]:
         # Before the model's own URLs: "<path:object_id>/" would take "summary/".
-        view = self.admin_site.admin_view(self.summary_view)
+        view = self.admin_site.admin_view(on_chosen_database(self.summary_view))
         name = f"{self.opts.app_label}_{self.opts.model_name}_summary"
         return [path("summary/", view, name=name), *super().get_urls()]
 

@@ -28,7 +28,13 @@ from django.utils.functional import cached_property
 from django.utils.html import format_html
 
 from django_pgqueue import conf, registry
-from django_pgqueue.admin.common import ReadOnlyModelAdmin, ShowsJSON
+from django_pgqueue.admin.common import (
+    ReadOnlyModelAdmin,
+    ShowsJSON,
+    change_url_on,
+    chosen_database,
+    on_database_of,
+)
 from django_pgqueue.admin.overview import overview_view
 from django_pgqueue.admin.summary import duration
 from django_pgqueue.models import FinishedMessage, OutcomeCount
@@ -158,8 +164,9 @@ class FinishedMessageAdmin(ShowsJSON, ReadOnlyModelAdmin):
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        context = {**(extra_context or {}), "history_days": self._days(request)}
-        return super().changelist_view(request, context)
+        with conf.on_database(chosen_database(request)):
+            context = {**(extra_context or {}), "history_days": self._days(request)}
+            return super().changelist_view(request, context)
 
     def _days(self, request: HttpRequest) -> list[tuple[datetime.date, str, bool]]:
         """The days from the oldest row to the newest (at most DAYS_SHOWN, the
@@ -224,6 +231,7 @@ class FinishedMessageAdmin(ShowsJSON, ReadOnlyModelAdmin):
             args=[obj.dead_letter_id],
             current_app=self.admin_site.name,
         )
+        url = change_url_on(url, obj._state.db or conf.database_alias())
         return format_html('<a href="{}">#{}</a>', url, obj.dead_letter_id)
 
     @admin.display(description="history of this message")
@@ -232,11 +240,12 @@ class FinishedMessageAdmin(ShowsJSON, ReadOnlyModelAdmin):
 
 
 def history_link(message_id: int, site: str = "admin") -> str:
-    """A link to the history entries of message ``message_id``."""
+    """A link to the history entries of message ``message_id`` (on the
+    database the page works on)."""
     url = reverse("admin:django_pgqueue_finishedmessage_changelist", current_app=site)
+    url = on_database_of(f"{url}?q={message_id}", conf.database_alias())
     return format_html(
-        '<a href="{}?q={}" class="pgqueue-history-link">Finished messages with id {}</a>',
+        '<a href="{}" class="pgqueue-history-link">Finished messages with id {}</a>',
         url,
-        message_id,
         message_id,
     )

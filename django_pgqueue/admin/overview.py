@@ -13,6 +13,7 @@ costs the same with a million finished messages as with none. Read only.
 from __future__ import annotations
 
 import datetime
+from dataclasses import dataclass
 from typing import Any
 
 from django.contrib import admin
@@ -32,27 +33,96 @@ from django_pgqueue.observability import outcomes, stats
 REFRESH_SECONDS = 30
 
 
+@dataclass
+class Part:
+    """What the page reads of one database."""
+
+    minutes: outcomes.Series
+    hours: outcomes.Series
+    workers: list[Any]
+    depth: dict[str, dict[str, Any]]
+    dead: list[tuple[str, str, int]]
+
+
+def _read(now: datetime.datetime) -> Part:
+    """The figures of the database the code works on."""
+    workers = stats.workers()
+    return Part(
+        minutes=outcomes.per_minute(now),
+        hours=outcomes.per_hour(now),
+        workers=workers,
+        depth=_depth(now, workers),
+        dead=stats.dead_letters_by_topic_and_category(state=DeadLetterState.NEW),
+    )
+
+
 def overview_view(modeladmin: admin.ModelAdmin, request: HttpRequest) -> TemplateResponse:
-    """The page, for users who may view the history."""
+    """The page, for users who may view the history: every database of the
+    queues, each queue's row saying its database when there are several."""
     if not modeladmin.has_view_permission(request):
         raise PermissionDenied
     now = timezone.now()
-    minutes = outcomes.per_minute(now)
-    hours = outcomes.per_hour(now)
-    workers = stats.workers()
-    live = sum(1 for row in workers if row.alive)  # each worker once
-    depth = _depth(now, workers)
-    names = sorted(set(conf.queues()) | set(depth) | set(minutes.by_queue) | set(hours.by_queue))
+    parts = {}
+    for alias in conf.databases():
+        with conf.on_database(alias):
+            parts[alias] = _read(now)
+    first = next(iter(parts.values()))
+    minutes_total = _summed([part.minutes.total for part in parts.values()])
+    hours_total = _summed([part.hours.total for part in parts.values()])
+    # Each worker once (a worker serving two databases beats in both).
+    live = len({row.worker_id for part in parts.values() for row in part.workers if row.alive})
+    queues: list[dict[str, Any]] = []
+    for alias, part in parts.items():
+        queues += _queue_rows(alias, part, len(queues))
+    dead_rows = []
+    for alias, part in parts.items():
+        by_category = dict.fromkeys(Category.values, 0)
+        for _, category, count in part.dead:
+            by_category[category] = by_category.get(category, 0) + count
+        dead_rows += [(alias, category, count) for category, count in by_category.items()]
+    context = {
+        **modeladmin.admin_site.each_context(request),
+        "opts": modeladmin.opts,
+        "title": "Queue overview",
+        "now": now,
+        "keeping": bool(conf.get("KEEP_FINISHED")),
+        "refresh_seconds": REFRESH_SECONDS,
+        "several_databases": len(parts) > 1,
+        "total": {
+            "sums": _sums(first.minutes.sums(minutes_total), first.hours.sums(hours_total)),
+            "charts": [
+                _chart("total-minutes", "All queues: per minute, last hour",
+                       first.minutes.slots, minutes_total, "%H:%M"),
+                _chart("total-hours", "All queues: per hour, last day",
+                       first.hours.slots, hours_total, "%d %H:00"),
+            ],
+            "depth": {**_total_depth(q["depth"] for q in queues), "workers": live},
+        },
+        "queues": queues,
+        "dead_by_category": dead_rows,
+        "dead_total": sum(count for _, _, count in dead_rows),
+    }  # fmt: skip
+    request.current_app = modeladmin.admin_site.name
+    return TemplateResponse(request, "admin/django_pgqueue/overview.html", context)
+
+
+def _queue_rows(alias: str, part: Part, start: int) -> list[dict[str, Any]]:
+    """The rows of the queues of database ``alias``: those configured on it
+    and those with messages or outcomes there; charts numbered from ``start``."""
+    minutes, hours = part.minutes, part.hours
+    configured = [name for name in conf.queues() if conf.queue_database(name) == alias]
+    names = sorted(set(configured) | set(part.depth) | set(minutes.by_queue) | set(hours.by_queue))
     empty_minutes = {o: [0] * len(minutes.slots) for o in minutes.total}
     empty_hours = {o: [0] * len(hours.slots) for o in hours.total}
-    queues = []
-    for i, name in enumerate(names):
+    rows = []
+    for i, name in enumerate(names, start):
         per_minute = minutes.by_queue.get(name, empty_minutes)
         per_hour = hours.by_queue.get(name, empty_hours)
-        queues.append(
+        rows.append(
             {
                 "name": name,
-                "depth": depth.get(name, _no_depth()),
+                "database": alias,
+                "depth": part.depth.get(name, _no_depth()),
                 "sums": _sums(minutes.sums(per_minute), hours.sums(per_hour)),
                 "charts": [
                     _chart(f"queue-{i}-minutes", f"Queue {name}: per minute, last hour",
@@ -62,33 +132,15 @@ def overview_view(modeladmin: admin.ModelAdmin, request: HttpRequest) -> Templat
                 ],
             }
         )  # fmt: skip
-    dead = stats.dead_letters_by_topic_and_category(state=DeadLetterState.NEW)
-    by_category = dict.fromkeys(Category.values, 0)
-    for _, category, count in dead:
-        by_category[category] = by_category.get(category, 0) + count
-    context = {
-        **modeladmin.admin_site.each_context(request),
-        "opts": modeladmin.opts,
-        "title": "Queue overview",
-        "now": now,
-        "keeping": bool(conf.get("KEEP_FINISHED")),
-        "refresh_seconds": REFRESH_SECONDS,
-        "total": {
-            "sums": _sums(minutes.sums(), hours.sums()),
-            "charts": [
-                _chart("total-minutes", "All queues: per minute, last hour",
-                       minutes.slots, minutes.total, "%H:%M"),
-                _chart("total-hours", "All queues: per hour, last day",
-                       hours.slots, hours.total, "%d %H:00"),
-            ],
-            "depth": {**_total_depth(depth.values()), "workers": live},
-        },
-        "queues": queues,
-        "dead_by_category": list(by_category.items()),
-        "dead_total": sum(by_category.values()),
-    }  # fmt: skip
-    request.current_app = modeladmin.admin_site.name
-    return TemplateResponse(request, "admin/django_pgqueue/overview.html", context)
+    return rows
+
+
+def _summed(series: list[dict[str, list[int]]]) -> dict[str, list[int]]:
+    """Each outcome's counts per slot, summed over ``series`` (same slots)."""
+    return {
+        outcome: [sum(values) for values in zip(*(s[outcome] for s in series), strict=True)]
+        for outcome in series[0]
+    }
 
 
 def _chart(

@@ -28,7 +28,7 @@ from django.urls import URLPattern, path, reverse
 from django.views.decorators.http import require_POST
 
 from django_pgqueue import conf, controls
-from django_pgqueue.admin.common import PgQueueModelAdmin
+from django_pgqueue.admin.common import PgQueueModelAdmin, run_on, several_databases
 from django_pgqueue.admin.summary import duration
 from django_pgqueue.exceptions import QueueControlError
 from django_pgqueue.models import PartitionLimit, QueueState
@@ -122,7 +122,11 @@ class QueueStateAdmin(PgQueueModelAdmin):
     def get_urls(self) -> list[URLPattern]:
         # Before the model's own URLs, whose "<path:object_id>/" would take these.
         # A queue name may hold "/": the path converter, anchored by the suffix.
-        view, prefix = self.admin_site.admin_view, f"{self.opts.app_label}_{self.opts.model_name}"
+        prefix = f"{self.opts.app_label}_{self.opts.model_name}"
+
+        def view(function: Any) -> Any:
+            return self.admin_site.admin_view(_on_queue_database(function))
+
         return [
             path("<path:name>/pause/", view(self.pause_view), name=f"{prefix}_pause"),
             path("<path:name>/resume/", view(self.resume_view), name=f"{prefix}_resume"),
@@ -140,7 +144,7 @@ class QueueStateAdmin(PgQueueModelAdmin):
     ) -> TemplateResponse:
         if not self.has_view_or_change_permission(request):
             raise PermissionDenied
-        rows = overview.overview()
+        rows = overview.every_database()
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
@@ -148,6 +152,7 @@ class QueueStateAdmin(PgQueueModelAdmin):
             "rows": [(row, duration(row.oldest_ready_age)) for row in rows],
             "may_pause": self.has_pause_permission(request),
             "may_limit": self.has_change_permission(request),
+            "several_databases": several_databases(),
             **(extra_context or {}),
         }
         request.current_app = self.admin_site.name
@@ -312,6 +317,11 @@ class QueueStateAdmin(PgQueueModelAdmin):
                 current_app=self.admin_site.name,
             )
         )
+
+
+# A view of one queue (its name in the URL) runs on the queue's own
+# database: where its run-time state and partition limits are kept.
+_on_queue_database = run_on(lambda request, name: conf.queue_database(name))
 
 
 def _own(rows: list[PartitionLimit], key: str) -> PartitionLimit | None:

@@ -22,7 +22,13 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html, format_html_join
 
-from django_pgqueue.admin.common import PgQueueModelAdmin, log_rows
+from django_pgqueue import conf
+from django_pgqueue.admin.common import (
+    PgQueueModelAdmin,
+    change_url_on,
+    chosen_database,
+    log_rows,
+)
 from django_pgqueue.models import Message, Schedule
 from django_pgqueue.schedules import configured, overview, runs, state
 
@@ -68,10 +74,11 @@ class ScheduleAdmin(PgQueueModelAdmin):
     # --- the rows: what overview.rows says of each schedule ----------------------------
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
-        # Every configured schedule gets its row, so that it is listed (and can
-        # be paused) before any worker ran it.
-        state.ensure(spec.name for spec in configured.load()[0])
-        return super().changelist_view(request, extra_context)
+        # Every configured schedule gets its row (on its database), so that it
+        # is listed (and can be paused) before any worker ran it.
+        with conf.on_database(chosen_database(request)):
+            state.ensure(spec.name for spec in overview.specs_here())
+            return super().changelist_view(request, extra_context)
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return ScheduleChangeList
@@ -277,7 +284,10 @@ def _message_link(message_id: int, what: str) -> str:
     """``#id state``, linked to the message while it is in the queue table."""
     if what in {choice for choice, _ in Message._meta.get_field("status").choices or ()}:
         try:
-            url = reverse("admin:django_pgqueue_message_change", args=[message_id])
+            url = change_url_on(
+                reverse("admin:django_pgqueue_message_change", args=[message_id]),
+                conf.database_alias(),
+            )
         except NoReverseMatch:
             url = ""
         if url:

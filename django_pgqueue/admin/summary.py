@@ -8,7 +8,9 @@ from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
+from django.utils.http import urlencode
 
+from django_pgqueue import conf
 from django_pgqueue.models import Category, DeadLetterState, Status
 from django_pgqueue.observability import stats
 
@@ -31,6 +33,7 @@ def summary_view(modeladmin: admin.ModelAdmin, request: HttpRequest) -> Template
     dead letters to one state."""
     if not modeladmin.has_view_permission(request):
         raise PermissionDenied
+    alias, several = conf.database_alias(), len(conf.databases()) > 1
     state = request.GET.get("state")
     state = state if state in DeadLetterState.values else None
     dead = stats.dead_letters_by_topic_and_category(state=state)
@@ -45,7 +48,9 @@ def summary_view(modeladmin: admin.ModelAdmin, request: HttpRequest) -> Template
     context = {
         **modeladmin.admin_site.each_context(request),
         "opts": modeladmin.opts,
-        "title": "Queue and dead-letter summary",
+        "title": "Queue and dead-letter summary" + (f" (database {alias})" if several else ""),
+        # The database it shows, kept by its links (a query string part).
+        "on_database": urlencode({"database": alias}) if several else "",
         "state": state,
         "states": DeadLetterState.choices,
         "dead_letters": dead,

@@ -32,8 +32,10 @@ from django_pgqueue.admin.common import (
     Data,
     ReadOnlyModelAdmin,
     asks_first,
+    change_url_on,
     log_changes,
     log_rows,
+    on_database_of,
     report,
 )
 from django_pgqueue.admin.forms import NOTE_MAX_LENGTH, ActionPageForm
@@ -196,7 +198,9 @@ class WorkflowAdmin(ReadOnlyModelAdmin):
                 "workflow_graph": self.graph(obj),
                 # The buttons post to the list, limited to this workflow:
                 # after the action, the list shows it with the outcome.
-                "actions_url": f"{changelist}?id__exact={obj.pk}",
+                "actions_url": on_database_of(
+                    f"{changelist}?id__exact={obj.pk}", conf.database_alias()
+                ),
                 "may_cancel": obj.status not in FINISHED_STATUSES
                 and self.has_cancel_permission(request),
                 "may_revive": obj.steps_dead > 0 and self.has_revive_permission(request),
@@ -250,10 +254,13 @@ class WorkflowAdmin(ReadOnlyModelAdmin):
             for page in PAGES.get(s.state, []):
                 pk = rows.get(page, {}).get(message_id or 0)
                 if pk is not None:
-                    links[s.id] = reverse(
-                        f"admin:django_pgqueue_{page}_change",
-                        args=[pk],
-                        current_app=self.admin_site.name,
+                    links[s.id] = change_url_on(
+                        reverse(
+                            f"admin:django_pgqueue_{page}_change",
+                            args=[pk],
+                            current_app=self.admin_site.name,
+                        ),
+                        conf.database_alias(),
                     )
                     break
         return links

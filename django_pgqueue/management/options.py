@@ -179,3 +179,34 @@ def default_actor():
         return getpass.getuser()
     except (KeyError, OSError):
         return ""
+
+
+# --- databases --------------------------------------------------------------------------
+
+
+def database_alias(value):
+    """A database alias that holds the app's tables (``conf.databases()``)."""
+    known = conf.databases()
+    if value not in known:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a database of the queues; choose from: {', '.join(known)}"
+        )
+    return value
+
+
+def add_database(parser, verb="read"):
+    """The ``--database ALIAS`` option of a command that goes through every
+    database holding the app's tables."""
+    parser.add_argument(
+        "--database",
+        type=database_alias,
+        metavar="ALIAS",
+        help=f"{verb} this database only (default: every database that holds the queues: "
+        "PGQUEUE['DATABASE'] and those its QUEUES and STREAMS name)",
+    )
+
+
+def databases(alias):
+    """The aliases a command goes through: ``[alias]`` when --database gave
+    one, else every database of the queues, DATABASE first."""
+    return [alias] if alias else conf.databases()

@@ -31,6 +31,11 @@ class Columns:
         self.titles = tuple(titles)
         self.specs = [(spec[0], int(spec[1:])) for spec in specs]
 
+    def led_by(self, title: str, spec: str) -> Columns:
+        """These columns after a first one (``title``, laid out as ``spec``)."""
+        layout = " ".join(f"{align}{width}" for align, width in self.specs)
+        return Columns([title, *self.titles], f"{spec} {layout}")
+
     def header(self) -> str:
         return self.row(self.titles)
 

@@ -4,6 +4,8 @@
 
 - System: the queue database answers, and every configured queue
   (``PGQUEUE["QUEUES"]``) has at least one worker with a fresh heartbeat.
+  With queues on several databases, one part per database, each judged
+  alone (``system_health``).
   It lists every stream subscription with its state, those the code
   declares and no worker has started yet as "not started".
   For a load balancer or an uptime monitor: "is anything consuming?".
@@ -51,9 +53,33 @@ def _database_works(alias=None):
 
 def system_health():
     """``(healthy, body)``: the database answers and each configured queue has
-    a live worker."""
-    queues = conf.queues()
-    if not _database_works():
+    a live worker. With queues on several databases, one part per database
+    under ``"databases"``, each judged alone, the failing ones listed under
+    ``"failing"`` and every problem, led by its database, under
+    ``"problems"``: unhealthy while any part is (a database that is down
+    fails its own part only)."""
+    aliases = conf.databases()
+    if len(aliases) == 1:
+        return _database_health(aliases[0])
+    parts = {alias: _database_health(alias) for alias in aliases}
+    failing = [alias for alias, (healthy, _) in parts.items() if not healthy]
+    return not failing, {
+        "status": "unhealthy" if failing else "ok",
+        "failing": failing,
+        "databases": {alias: body for alias, (_, body) in parts.items()},
+        "problems": [
+            f"database {alias!r}: {problem}"
+            for alias, (_, body) in parts.items()
+            for problem in body["problems"]
+        ],
+    }
+
+
+def _database_health(alias):
+    """``(healthy, body)`` of the database ``alias``: it answers and each
+    queue configured on it has a live worker (in its worker table)."""
+    queues = [queue for queue in conf.queues() if conf.queue_database(queue) == alias]
+    if not _database_works(alias):
         return False, {
             "status": "unhealthy",
             "database": "unreachable",
@@ -61,10 +87,15 @@ def system_health():
             "problems": ["the queue database does not answer"],
         }
     try:
-        live = stats.live_workers_by_queue()
-        subscriptions = stats.subscription_states()
+        with conf.on_database(alias):
+            live = stats.live_workers_by_queue()
+            subscriptions = {
+                name: row
+                for name, row in stats.subscription_states().items()
+                if row["state"] != stats.NOT_STARTED or conf.stream_database(row["stream"]) == alias
+            }
     except DatabaseError as exc:
-        logger.warning("Health check: the worker table cannot be read: %s", exc)
+        logger.warning("Health check: the worker table of %s cannot be read: %s", alias, exc)
         return False, {
             "status": "unhealthy",
             "database": "error",

@@ -27,6 +27,7 @@ NAMED_PARTITION_LIMITS = 5
 @dataclass
 class QueueRow:
     name: str
+    database: str = ""  # the alias whose tables these figures are of
     counts: dict[str, int] = field(
         default_factory=lambda: dict.fromkeys(
             (stats.READY, stats.DELAYED, stats.BLOCKED, stats.PROCESSING), 0
@@ -77,6 +78,7 @@ class QueueRow:
         each = self.limits.partition  # the settings' limits of each partition
         return {
             "queue": self.name,
+            "database": self.database,
             **self.counts,
             "oldest_ready_age_seconds": (
                 None if self.oldest_ready_age is None else round(self.oldest_ready_age, 3)
@@ -109,10 +111,25 @@ def _limits_json(limits: conf.Limits) -> dict[str, Any]:
     }
 
 
+def every_database(
+    aliases: list[str] | None = None, now: datetime.datetime | None = None
+) -> list[QueueRow]:
+    """``overview()`` of each database of ``aliases`` (default: every one
+    that holds the queues, ``conf.databases()``), one after the other."""
+    now = now or timezone.now()
+    rows = []
+    for alias in aliases or conf.databases():
+        with conf.on_database(alias):
+            rows += overview(now)
+    return rows
+
+
 def overview(now: datetime.datetime | None = None) -> list[QueueRow]:
-    """Every queue that is configured, holds messages or new dead letters,
-    or has a run-time state: the configured ones first (in the settings'
-    order), then the others by name."""
+    """Every queue of the database the code works on
+    (``conf.database_alias()``) that is configured there, holds messages or
+    new dead letters, or has a run-time state: the configured ones first (in
+    the settings' order), then the others by name."""
+    alias = conf.database_alias()
     now = now or timezone.now()
     messages = stats.messages_by_queue_topic_state(now=now)
     ages = stats.oldest_ready_age(now=now)
@@ -122,9 +139,9 @@ def overview(now: datetime.datetime | None = None) -> list[QueueRow]:
     named: dict[str, list[PartitionLimit]] = {}
     for limit in controls.partition_limits():
         named.setdefault(limit.queue, []).append(limit)
-    configured = conf.queues()
+    configured = [name for name in conf.queues() if conf.queue_database(name) == alias]
     others = ({row[0] for row in messages} | set(dead) | set(states) | set(named)) - set(configured)
-    rows = {name: QueueRow(name) for name in [*configured, *sorted(others)]}
+    rows = {name: QueueRow(name, alias) for name in [*configured, *sorted(others)]}
     for name, _topic, state, count in messages:
         rows[name].counts[state] += count
     for name, row in rows.items():

@@ -42,11 +42,13 @@ def _per_queue(configured: list[str], values: Mapping[str, float], empty: float)
 
 
 class DatabaseCollector:
-    """Gauges computed from the queue tables when Prometheus scrapes.
+    """Gauges computed from the queue tables when Prometheus scrapes, of
+    every database that holds them (``conf.databases()``), each sample
+    labelled with its ``database``.
 
-    Every configured queue (``PGQUEUE["QUEUES"]``) is reported even when
-    empty. When the database cannot be read, only ``pgqueue_database_up 0``
-    is reported.
+    Every queue configured on a database (``PGQUEUE["QUEUES"]``) is reported
+    even when empty. A database that cannot be read reports only its
+    ``pgqueue_database_up{database=...} 0``; the others report as usual.
     """
 
     def describe(self) -> list[Any]:
@@ -54,114 +56,125 @@ class DatabaseCollector:
         return []
 
     def collect(self) -> Iterator[Any]:
-        try:
-            configured = conf.queues()
-            messages = stats.messages_by_queue_topic_state()
-            oldest = stats.oldest_ready_age()
-            dead = stats.dead_letters_by_topic_category_state()
-            live = stats.live_workers_by_queue()
-            paused = set(controls.paused_queues())
-            subscriptions = stats.subscriptions_with_lag()  # streams
-            history = outcomes.history_summary()
-            workflows = stats.workflows_by_status()
-        except DatabaseError as exc:
-            logger.warning("Metrics: the queue database cannot be read: %s", exc)
-            yield _up(0)
-            return
-        yield _up(1)
+        read: dict[str, dict[str, list[Sample]]] = {}
+        for alias in conf.databases():
+            try:
+                with conf.on_database(alias):
+                    read[alias] = _read()
+            except DatabaseError as exc:
+                logger.warning("Metrics: the queue database %r cannot be read: %s", alias, exc)
+
+        def each(key: str) -> list[Sample]:
+            """The samples of ``key`` of every database read, led by its alias."""
+            return [(alias, *sample) for alias, found in read.items() for sample in found[key]]
+
+        yield _gauge(
+            "pgqueue_database_up",
+            "1 if the queue database answered this scrape, else 0.",
+            ["database"],
+            [(alias, int(alias in read)) for alias in conf.databases()],
+        )
         yield _gauge(
             "pgqueue_messages",
             "Messages in the queue table by queue, topic and state "
             "(ready, delayed, blocked, processing).",
-            ["queue", "topic", "state"],
-            messages,
+            ["database", "queue", "topic", "state"],
+            each("messages"),
         )
         yield _gauge(
             "pgqueue_oldest_ready_age_seconds",
             "Seconds the longest-ready message of each queue has waited for a worker "
             "(0 when none is ready).",
-            ["queue"],
-            _per_queue(configured, oldest, 0.0),
+            ["database", "queue"],
+            each("oldest"),
         )
         yield _gauge(
             "pgqueue_dead_letters",
             "Dead letters by topic, category and state (new, revived, resolved).",
-            ["topic", "category", "state"],
-            dead,
+            ["database", "topic", "category", "state"],
+            each("dead"),
         )
         yield _gauge(
             "pgqueue_queue_paused",
             "1 while the queue is paused (no worker claims from it; its depth grows by "
             "design), else 0.",
-            ["queue"],
-            _per_queue(configured, dict.fromkeys(paused, 1), 0),
+            ["database", "queue"],
+            each("paused"),
         )
         yield _gauge(
             "pgqueue_workers_alive",
             "Workers with a fresh heartbeat that serve each queue.",
-            ["queue"],
-            _per_queue(configured, live, 0),
+            ["database", "queue"],
+            each("live"),
         )
-        yield from _subscription_families(subscriptions)
+        labels = ["database", "subscription", "stream"]
+        yield _gauge(
+            "pgqueue_subscription_lag_events",
+            "Events of the stream after the subscription's checkpoint (counted up to 1,000,000).",
+            labels,
+            each("lag_events"),
+        )
+        yield _gauge(
+            "pgqueue_subscription_lag_seconds",
+            "Seconds since the oldest event the subscription has not passed was published "
+            "(0 when it is caught up).",
+            labels,
+            each("lag_seconds"),
+        )
+        yield _gauge(
+            "pgqueue_subscription_state",
+            "1 for the subscription's state (active, retrying, blocked, paused), else 0.",
+            [*labels, "state"],
+            each("subscription_state"),
+        )
         yield _gauge(
             "pgqueue_history_rows",
             "Finished messages kept in the history (KEEP_FINISHED); PostgreSQL's estimate "
             "once the table is large.",
-            [],
-            [(history["rows"],)],
+            ["database"],
+            each("history_rows"),
         )
         yield _gauge(
             "pgqueue_workflows",
             "Workflows by status (running, blocked, done, failed, cancelled); finished ones "
             "count until retention prunes them.",
-            ["status"],
-            list(workflows.items()),
+            ["database", "status"],
+            each("workflows"),
         )
-        oldest = history["oldest_age_seconds"]
         yield _gauge(
             "pgqueue_history_oldest_age_seconds",
             "Seconds since the oldest message kept in the history finished (0 when it is empty).",
-            [],
-            [(0.0 if oldest is None else oldest,)],
+            ["database"],
+            each("history_oldest"),
         )
 
 
-def _up(value: int) -> Any:
-    return _gauge(
-        "pgqueue_database_up",
-        "1 if the queue database answered this scrape, else 0.",
-        [],
-        [(value,)],
-    )
-
-
-def _subscription_families(subscriptions: list[Any]) -> Iterator[Any]:
-    """Each subscription's lag (events and seconds behind the head of its
-    stream) and state."""
-    labels = ["subscription", "stream"]
-    yield _gauge(
-        "pgqueue_subscription_lag_events",
-        "Events of the stream after the subscription's checkpoint (counted up to 1,000,000).",
-        labels,
-        [(row.name, row.stream, row.lag) for row in subscriptions],
-    )
-    yield _gauge(
-        "pgqueue_subscription_lag_seconds",
-        "Seconds since the oldest event the subscription has not passed was published "
-        "(0 when it is caught up).",
-        labels,
-        [(row.name, row.stream, _behind(row)) for row in subscriptions],
-    )
-    yield _gauge(
-        "pgqueue_subscription_state",
-        "1 for the subscription's state (active, retrying, blocked, paused), else 0.",
-        [*labels, "state"],
-        [
+def _read() -> dict[str, list[Sample]]:
+    """The samples of each family (by a short key) of the database the code
+    works on, without the ``database`` label; one query each."""
+    alias = conf.database_alias()
+    configured = [queue for queue in conf.queues() if conf.queue_database(queue) == alias]
+    paused = [name for name, state in controls.states().items() if state.paused]
+    subscriptions = stats.subscriptions_with_lag()  # streams
+    history = outcomes.history_summary()
+    oldest = history["oldest_age_seconds"]
+    return {
+        "messages": list(stats.messages_by_queue_topic_state()),
+        "oldest": _per_queue(configured, stats.oldest_ready_age(), 0.0),
+        "dead": list(stats.dead_letters_by_topic_category_state()),
+        "paused": _per_queue(configured, dict.fromkeys(paused, 1), 0),
+        "live": _per_queue(configured, stats.live_workers_by_queue(), 0),
+        "lag_events": [(row.name, row.stream, row.lag) for row in subscriptions],
+        "lag_seconds": [(row.name, row.stream, _behind(row)) for row in subscriptions],
+        "subscription_state": [
             (row.name, row.stream, state, int(row.state == state))
             for row in subscriptions
             for state in SubscriptionState.values
         ],
-    )
+        "history_rows": [(history["rows"],)],
+        "workflows": list(stats.workflows_by_status().items()),
+        "history_oldest": [(0.0 if oldest is None else oldest,)],
+    }
 
 
 def _behind(row: Any) -> float:

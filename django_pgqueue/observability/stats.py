@@ -1,8 +1,11 @@
 """Read-only aggregates over the queue tables, one query each.
 
-They run on the queue's database (``PGQUEUE["DATABASE"]``), write nothing
-and take no locks, so the admin summary, the status command, the metrics
-and the health check may call them as often as they like. Each returns
+They run on the database the code works on (``conf.database_alias()``:
+``PGQUEUE["DATABASE"]``, or the one an enclosing ``conf.on_database`` names,
+as the commands, metrics, health check and admin do for each database of
+the queues), write nothing and take no locks, so the admin summary, the
+status command, the metrics and the health check may call them as often as
+they like. Each returns
 values in a stable order: plain tuples and dicts, or (``workers``,
 ``subscriptions_with_lag``) rows with the annotations they are read for.
 """

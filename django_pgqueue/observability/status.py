@@ -18,8 +18,12 @@ STATES = (stats.READY, stats.DELAYED, stats.BLOCKED, stats.PROCESSING)
 
 
 def report(selected: list[str] | None) -> dict[str, Any]:
-    """Everything the command shows, as JSON-ready values; ``selected`` is the
-    --queue list, or None for the configured queues and any other in use."""
+    """Everything the command shows of the database that the code works on
+    (``conf.database_alias()``), as JSON-ready values, each row and queue
+    saying that database; ``selected`` is the --queue list (of this
+    database's queues), or None for the queues configured on this database
+    and any other in use in it."""
+    alias = conf.database_alias()
     now = timezone.now()  # one instant for the ready/delayed split and the ages
     messages = stats.messages_by_queue_topic_state(now=now)
     ages = stats.oldest_ready_age(now=now)
@@ -27,6 +31,11 @@ def report(selected: list[str] | None) -> dict[str, Any]:
     workers = stats.workers()
     dead_letters = stats.dead_letters_by_topic_category_state(selected)
     subscriptions = stats.subscriptions_with_lag()  # streams have no queue: never --queue'd
+    declared = [
+        spec
+        for spec in stats.subscriptions_not_started(row.name for row in subscriptions)
+        if conf.stream_database(spec.stream) == alias
+    ]
 
     if selected is not None:
         workers = [w for w in workers if set(w.queues) & set(selected)]
@@ -37,13 +46,14 @@ def report(selected: list[str] | None) -> dict[str, Any]:
     if selected is not None:
         names = selected
     else:
-        configured = conf.queues()
+        configured = [name for name in conf.queues() if conf.queue_database(name) == alias]
         in_use = {row[0] for row in messages} | set(alive)
         names = configured + sorted(in_use - set(configured))
 
     queue_states = controls.states(names)
     queues: dict[str, dict[str, Any]] = {
         name: {
+            "database": alias,
             **dict.fromkeys(STATES, 0),
             "oldest_ready_age_seconds": round(ages.get(name, 0.0), 3),
             "workers_alive": alive.get(name, 0),
@@ -62,28 +72,70 @@ def report(selected: list[str] | None) -> dict[str, Any]:
     return {
         "queues": queues,
         "dead_letters": [
-            {"topic": topic, "category": category, "state": state, "count": number}
+            {
+                "database": alias,
+                "topic": topic,
+                "category": category,
+                "state": state,
+                "count": number,
+            }
             for topic, category, state, number in dead_letters
         ],
-        "workers": [_worker(w) for w in workers],
+        "workers": [{"database": alias, **_worker(w)} for w in workers],
         # Every subscription the code declares, the ones no worker has
         # started yet too (they have no row), and any row left of one that
         # is no longer declared; by name.
         "subscriptions": sorted(
-            [_subscription(row) for row in subscriptions]
-            + [
-                _not_started(spec)
-                for spec in stats.subscriptions_not_started(row.name for row in subscriptions)
-            ],
+            [{"database": alias, **_subscription(row)} for row in subscriptions]
+            + [{"database": alias, **_not_started(spec)} for spec in declared],
             key=lambda row: row["name"],
         ),
         # Schedules have no queue of their own to --queue by: always all.
-        "schedules": [row.as_json() for row in overview.rows()],
+        "schedules": [{"database": alias, **row.as_json()} for row in overview.rows_here()],
         # Finished messages kept (KEEP_FINISHED): how many, how old.
         "history": outcomes.history_summary(now),
         # Workflows by status (finished ones until they are pruned).
         "workflows": stats.workflows_by_status(),
     }
+
+
+def merged(reports: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One report of the ``{alias: report}`` of several databases: their
+    rows one after the other, each saying its database; a queue found in two
+    databases (messages left behind where it lived before) is keyed
+    ``"name@alias"`` in the second. A queue's live workers are those alive in
+    any database's worker table (a worker counted once); the history and
+    the workflows are summed."""
+    parts = list(reports.values())
+    result: dict[str, Any] = {"databases": list(reports), "queues": {}}
+    names: dict[str, str] = {}  # merged key: queue name
+    for part in parts:
+        for name, queue in part["queues"].items():
+            key = name if name not in result["queues"] else f"{name}@{queue['database']}"
+            result["queues"][key], names[key] = queue, name
+    for key in ("dead_letters", "workers", "subscriptions", "schedules"):
+        result[key] = [row for part in parts for row in part[key]]
+    alive: dict[str, set[str]] = {}
+    for worker in result["workers"]:
+        if worker["alive"]:
+            for name in worker["queues"]:
+                alive.setdefault(name, set()).add(worker["worker_id"])
+    for key, queue in result["queues"].items():
+        queue["workers_alive"] = len(alive.get(names[key], ()))
+    histories = [part["history"] for part in parts]
+    ages = [h["oldest_age_seconds"] for h in histories if h["oldest_age_seconds"] is not None]
+    result["history"] = {
+        "keep_finished_seconds": histories[0]["keep_finished_seconds"],
+        "rows": sum(h["rows"] for h in histories),
+        "rows_estimated": any(h["rows_estimated"] for h in histories),
+        "bytes": sum(h["bytes"] for h in histories),
+        "oldest_age_seconds": max(ages) if ages else None,
+    }
+    result["workflows"] = {
+        status: sum(part["workflows"].get(status, 0) for part in parts)
+        for status in parts[0]["workflows"]
+    }
+    return result
 
 
 def _controls(name: str, state: Any) -> dict[str, Any]:

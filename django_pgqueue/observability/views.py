@@ -38,7 +38,8 @@ def _refusal(request, setting):
 @never_cache
 def metrics(request):
     """The database metrics (queue depth, oldest ready age, dead letters,
-    live workers) in the Prometheus text format."""
+    live workers) in the Prometheus text format, of every database that
+    holds the queues (a ``database`` label on each series)."""
     refusal = _refusal(request, "METRICS_ACCESS")
     if refusal is not None:
         return refusal
@@ -50,7 +51,9 @@ def metrics(request):
 @never_cache
 def health(request):
     """200 when the queue database answers and every configured queue has a
-    live worker, else 503; the JSON body says why."""
+    live worker, else 503; the JSON body says why. With queues on several
+    databases, one part per database (``"databases"``), the failing ones
+    named (``"failing"``)."""
     refusal = _refusal(request, "HEALTH_ACCESS")
     if refusal is not None:
         return refusal

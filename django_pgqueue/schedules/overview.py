@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from django_pgqueue import conf
 from django_pgqueue.models import Schedule
 from django_pgqueue.schedules import state, ticks
 from django_pgqueue.schedules.configured import load
@@ -55,6 +56,29 @@ class Row:
             "last_message_state": self.last_message_state,
             "skipped": self.skipped,
         }
+
+
+def specs_here() -> list[ScheduleSpec]:
+    """The configured schedules of the database the code works on: those
+    whose queue is on it (a worker's engine on it runs them; their state
+    rows live there) and those with a state row there; every one when the
+    queues are on one database."""
+    specs, _ = load()
+    if len(conf.databases()) == 1:
+        return specs
+    alias, default = conf.database_alias(), conf.get("DEFAULT_QUEUE")
+    kept = state.states()
+    return [
+        spec
+        for spec in specs
+        if spec.name in kept or conf.queue_database(spec.queue or default) == alias
+    ]
+
+
+def rows_here() -> list[Row]:
+    """The rows of the database the code works on: its schedules
+    (``specs_here``), then those no longer configured."""
+    return rows(specs_here())
 
 
 def rows(

@@ -8,6 +8,9 @@ letters from the shell (the same operations as django_pgqueue.deadletters).
 
 Filters: --topic, --category, --state, --since, --ids. The three actions
 refuse to run without a filter unless --all is given, and take --dry-run.
+Each goes through every database that holds the queues (``--database``:
+one); with several, each row and result line says its database, and --ids
+(numbered per database) needs --database.
 """
 
 import argparse
@@ -20,10 +23,12 @@ from django.core.management.base import BaseCommand, CommandError
 from django.core.serializers.json import DjangoJSONEncoder
 from django.utils import timezone
 
-from django_pgqueue import deadletters
+from django_pgqueue import conf, deadletters
 from django_pgqueue.exceptions import DeadLetterError
 from django_pgqueue.management.options import (
     SECONDS_MAX,
+    add_database,
+    databases,
     default_actor,
     free_text,
     id_list,
@@ -151,6 +156,7 @@ class Command(BaseCommand):
             "(30m, 2h, 3d, 1w)",
         )
         group.add_argument("--ids", type=id_list, help="comma-separated dead-letter ids")
+        add_database(group, "act on")
 
         action = argparse.ArgumentParser(add_help=False)
         action.add_argument(
@@ -205,20 +211,37 @@ class Command(BaseCommand):
         categorizing.add_argument("--note", type=non_blank_text, help="a note for the audit trail")
 
     def handle(self, *args, action, **options):
+        aliases = databases(options["database"])
+        if options["ids"] is not None and len(aliases) > 1:
+            raise CommandError(
+                "--ids names dead letters of one database (each numbers its own): "
+                f"give --database (one of {', '.join(aliases)})"
+            )
+        if action == "list":
+            try:
+                self._list(aliases, options)
+            except DeadLetterError as exc:
+                raise CommandError(str(exc)) from exc
+            return
+        if not options["all"] and not any(options[name] is not None for name in FILTERS):
+            raise CommandError(
+                f"refusing to {action} every dead letter: give a filter "
+                f"({', '.join('--' + name for name in FILTERS)}) or --all"
+            )
+        for alias in aliases:
+            with conf.on_database(alias):
+                result = self._act(action, options)
+            self.stdout.write(f"{alias}: {result}" if len(aliases) > 1 else str(result))
+
+    def _act(self, action, options):
+        """Run ``action`` on the dead letters the filters select in the
+        database the code works on: its result."""
         try:
             selected = deadletters.select(**{arg: options[name] for name, arg in FILTERS.items()})
-            if action == "list":
-                self._list(selected, options["limit"], options["json"])
-                return
-            if not options["all"] and not any(options[name] is not None for name in FILTERS):
-                raise CommandError(
-                    f"refusing to {action} every dead letter: give a filter "
-                    f"({', '.join('--' + name for name in FILTERS)}) or --all"
-                )
             by = options["by"] if options["by"] is not None else default_actor()
             common = {"by": by, "dry_run": options["dry_run"]}
             if action == "revive":
-                result = deadletters.revive(
+                return deadletters.revive(
                     selected,
                     queue=options["queue"],
                     topic=options["topic_to"],
@@ -227,39 +250,48 @@ class Command(BaseCommand):
                     note=options["note"],
                     **common,
                 )
-            elif action == "resolve":
-                result = deadletters.resolve(selected, note=options["note"], **common)
-            else:
-                result = deadletters.categorize(
-                    selected, options["to"], note=options["note"], **common
-                )
+            if action == "resolve":
+                return deadletters.resolve(selected, note=options["note"], **common)
+            return deadletters.categorize(selected, options["to"], note=options["note"], **common)
         except DeadLetterError as exc:
             raise CommandError(str(exc)) from exc
-        self.stdout.write(str(result))
 
-    def _list(self, selected, limit, as_json):
-        total = selected.count()
-        rows = list(selected.order_by("-dead_lettered_at", "-id")[:limit])
-        if as_json:
-            self.stdout.write(
-                json.dumps([_as_dict(row) for row in rows], cls=DjangoJSONEncoder, indent=2)
-            )
+    def _list(self, aliases, options):
+        """The newest dead letters of every database in ``aliases``, newest
+        first, at most --limit in all."""
+        limit, total, found = options["limit"], 0, []
+        for alias in aliases:
+            with conf.on_database(alias):
+                selected = deadletters.select(
+                    **{arg: options[name] for name, arg in FILTERS.items()}
+                )
+                total += selected.count()
+                found += [
+                    (alias, row) for row in selected.order_by("-dead_lettered_at", "-id")[:limit]
+                ]
+        found.sort(key=lambda pair: (pair[1].dead_lettered_at, pair[1].pk), reverse=True)
+        found = found[:limit]
+        if options["json"]:
+            rows = [{"database": alias, **_as_dict(row)} for alias, row in found]
+            self.stdout.write(json.dumps(rows, cls=DjangoJSONEncoder, indent=2))
             return
-        if not rows:
+        if not found:
             self.stdout.write("no dead letters")
             return
-        header = " ".join(title.ljust(width) for title, width in COLUMNS) + " REASON"
-        self.stdout.write(header)
-        for row in rows:
+        columns = ((("DATABASE", 12),) if len(aliases) > 1 else ()) + COLUMNS
+        self.stdout.write(" ".join(title.ljust(width) for title, width in columns) + " REASON")
+        for alias, row in found:
             when = timezone.localtime(row.dead_lettered_at).strftime("%Y-%m-%d %H:%M")
-            values = (row.pk, when, row.state, row.category, row.topic, row.queue, row.attempts)
+            values = [row.pk, when, row.state, row.category, row.topic, row.queue, row.attempts]
+            if len(aliases) > 1:
+                values = [alias, *values]
             cells = [
                 cell(value, width).ljust(width)
-                for value, (_, width) in zip(values, COLUMNS, strict=True)
+                for value, (_, width) in zip(values, columns, strict=True)
             ]
             self.stdout.write(" ".join(cells) + " " + cell(first_line(row.reason), 60).rstrip())
-        shown = f"{len(rows)} of {total}" if len(rows) < total else f"{total}"
-        more = " (--limit shows more)" if len(rows) < total else ""
+        shown = f"{len(found)} of {total}" if len(found) < total else f"{total}"
+        more = " (--limit shows more)" if len(found) < total else ""
         self.stdout.write(f"{shown} dead letter{'' if total == 1 else 's'}{more}")
 
 

@@ -1,7 +1,7 @@
 """manage.py pgqueue_queues: look at the queues, pause and resume them,
 change their limits at run time (the operations of django_pgqueue.controls).
 
-    pgqueue_queues list [--json]
+    pgqueue_queues list [--json] [--database ALIAS]
     pgqueue_queues pause NAME [--by WHO]
     pgqueue_queues resume NAME [--by WHO]
     pgqueue_queues limit NAME [--concurrency N] [--rate N/s|N/m|N/h] [--by WHO]
@@ -17,7 +17,9 @@ its own, in place of those the queue's ``"partition"`` settings give every
 partition; ``--settings`` gives it those back. Without a change, it shows
 the limits of the partitions (of every queue, of NAME, or of one).
 
-The state is kept in the database: every worker on every host follows it
+``list`` goes through every database that holds the queues (``--database``:
+one), a DATABASE column when there are several; the other actions work on
+the queue's own database. The state is kept in the database: every worker on every host follows it
 within a second, and it outlives restarts and deploys.
 """
 
@@ -31,7 +33,13 @@ from django.core.management.base import BaseCommand, CommandError
 from django_pgqueue import conf, controls
 from django_pgqueue.conf import KEY_MAX_LENGTH, concurrency_problem, rate_problem
 from django_pgqueue.exceptions import QueueControlError
-from django_pgqueue.management.options import default_actor, free_text, queue_name
+from django_pgqueue.management.options import (
+    add_database,
+    databases,
+    default_actor,
+    free_text,
+    queue_name,
+)
 from django_pgqueue.management.output import Columns, age
 from django_pgqueue.observability import queues as queues_overview
 
@@ -91,6 +99,7 @@ class Command(BaseCommand):
         subcommands = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
         listing = subcommands.add_parser("list", help="every queue, its depth and its state")
         listing.add_argument("--json", action="store_true", help="one JSON array")
+        add_database(listing)
         for action, text in [
             ("pause", "no worker claims from the queue (running messages finish)"),
             ("resume", "workers claim from the queue again"),
@@ -166,10 +175,17 @@ class Command(BaseCommand):
 
     def handle(self, *args, action, **options):
         if action == "list":
-            self._list(options["json"])
+            self._list(databases(options["database"]), options["json"])
             return
-        by = options["by"] if options["by"] is not None else default_actor()
         name = options["name"]
+        if name is None:  # partition-limits of every queue: _partition_table reads each database
+            self._act(action, name, options)
+            return
+        with conf.on_database(conf.queue_database(name)):  # its state is on its database
+            self._act(action, name, options)
+
+    def _act(self, action, name, options):
+        by = options["by"] if options["by"] is not None else default_actor()
         try:
             if action == "pause":
                 changed = controls.pause_queue(name, by=by)
@@ -241,7 +257,11 @@ class Command(BaseCommand):
         """The settings' limits of each partition and the partitions' own,
         of every queue that has any (or of the queue ``name``)."""
         configured = {q: limits.partition for q, limits in conf.queue_limits().items()}
-        rows = controls.partition_limits(name)  # by queue
+        rows = []
+        for alias in [conf.queue_database(name)] if name is not None else conf.databases():
+            with conf.on_database(alias):
+                rows += controls.partition_limits(name)  # by queue
+        rows.sort(key=attrgetter("queue", "partition_key"))
         own = {queue: list(group) for queue, group in groupby(rows, attrgetter("queue"))}
         names = (
             [name]
@@ -261,19 +281,22 @@ class Command(BaseCommand):
                     )
                 )
 
-    def _list(self, as_json):
-        rows = queues_overview.overview()
+    def _list(self, aliases, as_json):
+        rows = queues_overview.every_database(aliases)
         if as_json:
             self.stdout.write(json.dumps([row.as_json() for row in rows], indent=2))
             return
-        self.stdout.write(COLUMNS.header())
+        several = len(aliases) > 1
+        columns = COLUMNS.led_by("DATABASE", "<12") if several else COLUMNS
+        self.stdout.write(columns.header())
         for row in rows:
             limits = str(row.limits) if row.limits else "-"
             if row.limits_from:
                 limits += f" ({row.limits_from})"
             self.stdout.write(
-                COLUMNS.row(
+                columns.row(
                     (
+                        *((row.database,) if several else ()),
                         row.name,
                         "paused" if row.paused else "running",
                         row.ready,

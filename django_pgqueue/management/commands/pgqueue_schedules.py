@@ -1,7 +1,7 @@
 """manage.py pgqueue_schedules: look at and steer the periodic schedules from
 the shell (the admin's Schedules page does the same).
 
-    pgqueue_schedules list [--json]
+    pgqueue_schedules list [--json] [--database ALIAS]
     pgqueue_schedules pause NAME [NAME ...]
     pgqueue_schedules resume NAME [NAME ...]
     pgqueue_schedules reset NAME [NAME ...]
@@ -9,7 +9,10 @@ the shell (the admin's Schedules page does the same).
 
 Pause and resume are kept in the database: they survive restarts and
 deploys and win over the setting's ``enabled`` until ``reset``. ``run``
-enqueues one message now, outside the ticks.
+enqueues one message now, outside the ticks. ``list`` goes through every
+database that holds the queues (``--database``: one): PGQUEUE["DATABASE"]
+shows every configured schedule, another database those with a state row
+there; a DATABASE column when there are several.
 """
 
 import getpass
@@ -17,7 +20,8 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from django_pgqueue.management.options import free_text
+from django_pgqueue import conf
+from django_pgqueue.management.options import add_database, databases, free_text
 from django_pgqueue.management.output import Columns
 from django_pgqueue.schedules import configured, overview, runs, state
 
@@ -38,6 +42,7 @@ class Command(BaseCommand):
             "list", help="every schedule: expression, time zone, next and last tick, state"
         )
         listing.add_argument("--json", action="store_true", help="print JSON, not a table")
+        add_database(listing)
         for name, text in [
             ("pause", "no ticks until resumed (kept in the database, over the setting)"),
             ("resume", "tick again from the next tick on (kept, over the setting)"),
@@ -50,7 +55,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, action, **options):
         if action == "list":
-            return self._list(options["json"])
+            return self._list(databases(options["database"]), options["json"])
         names = options["names"]
         try:
             specs = [configured.get(name) for name in names]
@@ -66,20 +71,27 @@ class Command(BaseCommand):
         self.stdout.write(f"{action}: {', '.join(names)}")
         return None
 
-    def _list(self, as_json):
-        rows = overview.rows()
+    def _list(self, aliases, as_json):
+        rows = []
+        for alias in aliases:
+            with conf.on_database(alias):
+                rows += [(alias, row) for row in overview.rows_here()]
         if as_json:
-            self.stdout.write(json.dumps([row.as_json() for row in rows], indent=2))
+            found = [{"database": alias, **row.as_json()} for alias, row in rows]
+            self.stdout.write(json.dumps(found, indent=2))
             return
-        self.stdout.write(COLUMNS.header())
-        for row in rows:
+        several = len(aliases) > 1
+        columns = COLUMNS.led_by("DATABASE", "<12") if several else COLUMNS
+        self.stdout.write(columns.header())
+        for alias, row in rows:
             data = row.as_json()
             last = row.last_message_state or ""
             if row.last_message_id is not None:
                 last = f"#{row.last_message_id} {last}"
             self.stdout.write(
-                COLUMNS.row(
+                columns.row(
                     [
+                        *([alias] if several else []),
                         row.name,
                         data["description"] or "(no longer configured)",
                         data["timezone"] or "",

@@ -1,8 +1,12 @@
 """manage.py pgqueue_status: what the queues hold, the dead letters and the
 workers, as text or JSON, and an exit status for cron and monitoring.
 
-    pgqueue_status [--queue NAME ...] [--json]
+    pgqueue_status [--queue NAME ...] [--database ALIAS] [--json]
                    [--max-ready N] [--max-age SECONDS] [--max-dead-letters N] [--min-workers N]
+
+It reads every database that holds the queues, DATABASE first (``--database``:
+one), and merges their reports (``status.merged``), each queue and row saying
+its database; the text gains a DATABASE column when there are several.
 
 Exit status: 0 when no threshold is crossed, 1 when one is (after the whole
 report is written; one CRITICAL line per crossing on stderr, like
@@ -22,6 +26,8 @@ from django.db import DatabaseError, OperationalError
 
 from django_pgqueue import conf
 from django_pgqueue.management.options import (
+    add_database,
+    databases,
     non_negative_int,
     positive_int,
     queue_name,
@@ -66,7 +72,8 @@ class Command(BaseCommand):
         "last tick, the last message's state, paused or not). Exit status: 0 when no threshold "
         "is crossed; 1 when one is (the report is still written, and one CRITICAL line per "
         "crossing goes to stderr); 2 when the command cannot run (a bad option, the queue "
-        "database unreachable or not migrated, a failing system check)."
+        "database unreachable or not migrated, a failing system check). With queues on several "
+        "databases it reads each (--database: one), every row saying its database."
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -81,6 +88,7 @@ class Command(BaseCommand):
             "(default: the configured queues, then any other that holds messages or has a live "
             "worker)",
         )
+        add_database(parser)
         parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
         thresholds = parser.add_argument_group("thresholds (exit status 1 when one is crossed)")
         thresholds.add_argument(
@@ -117,19 +125,29 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, queues: list[str] | None = None, **options: Any) -> None:
         selected = list(dict.fromkeys(queues)) if queues else None
-        alias = conf.get("DATABASE")
-        try:
-            report = status.report(selected)
-        except OperationalError as exc:
+        by_database = conf.queues_by_database(selected) if selected else {}
+        reports = {}
+        for alias in databases(options.get("database")):
+            if selected and alias not in by_database:
+                continue  # no --queue of this database
+            try:
+                with conf.on_database(alias):
+                    reports[alias] = status.report(by_database.get(alias))
+            except OperationalError as exc:
+                raise CommandError(
+                    f"cannot reach the queue database {alias!r}: {one_line(exc)}", returncode=2
+                ) from exc
+            except DatabaseError as exc:
+                raise CommandError(
+                    f"cannot read the queue tables in database {alias!r} "
+                    f"(has manage.py migrate run?): {one_line(exc)}",
+                    returncode=2,
+                ) from exc
+        if not reports:
             raise CommandError(
-                f"cannot reach the queue database {alias!r}: {one_line(exc)}", returncode=2
-            ) from exc
-        except DatabaseError as exc:
-            raise CommandError(
-                f"cannot read the queue tables in database {alias!r} "
-                f"(has manage.py migrate run?): {one_line(exc)}",
-                returncode=2,
-            ) from exc
+                f"no --queue given lives on database {options['database']!r}", returncode=2
+            )
+        report = status.merged(reports)
 
         checked = _thresholds(report, selected, options)
         report["thresholds"] = [threshold for threshold, _ in checked]
@@ -150,34 +168,52 @@ class Command(BaseCommand):
 
 
 def _text(report: dict[str, Any]) -> list[str]:
-    """The report as the lines of its tables and summaries."""
-    lines = ["Queues", QUEUE_COLUMNS.header()]
+    """The report as the lines of its tables and summaries; with several
+    databases, each table's first column says the row's database."""
+    several = len(report["databases"]) > 1
+
+    def table(columns: Columns) -> tuple[Columns, Any]:
+        if not several:
+            return columns, lambda row, cells: cells
+        return columns.led_by("DATABASE", "<12"), lambda row, cells: [row["database"], *cells]
+
+    queue_columns, lead = table(QUEUE_COLUMNS)
+    lines = ["Queues", queue_columns.header()]
     for name, queue in report["queues"].items():
         counts = [queue[state] for state in STATES]
         oldest = age(queue["oldest_ready_age_seconds"])
-        lines.append(QUEUE_COLUMNS.row([name, *counts, oldest, queue["workers_alive"]]))
+        cells = [name, *counts, oldest, queue["workers_alive"]]
+        lines.append(queue_columns.row(lead(queue, cells)))
         if queue["partitions"] is not None:
             lines.append("  " + _partitions_line(queue["partitions"]))
         for topic, topic_counts in queue["topics"].items():
-            lines.append(QUEUE_COLUMNS.row(["  " + topic, *(topic_counts[s] for s in STATES)]))
-    lines += ["", "Dead letters", *_dead_letter_lines(report["dead_letters"])]
+            cells = ["  " + topic, *(topic_counts[s] for s in STATES)]
+            lines.append(queue_columns.row(lead(queue, cells)))
+    lines += [
+        "",
+        "Dead letters",
+        *_dead_letter_lines(report["dead_letters"], *table(DEAD_LETTER_COLUMNS)),
+    ]
     lines += ["", "Workers"]
     if report["workers"]:
-        lines.append(WORKER_COLUMNS.header())
-        lines += [WORKER_COLUMNS.row(_worker_cells(worker)) for worker in report["workers"]]
+        columns, lead = table(WORKER_COLUMNS)
+        lines.append(columns.header())
+        lines += [columns.row(lead(row, _worker_cells(row))) for row in report["workers"]]
     else:
         lines.append("no workers")
     lines += ["", "Subscriptions"]
     if report["subscriptions"]:
-        lines.append(SUBSCRIPTION_COLUMNS.header())
+        columns, lead = table(SUBSCRIPTION_COLUMNS)
+        lines.append(columns.header())
         for row in report["subscriptions"]:
-            lines.append(SUBSCRIPTION_COLUMNS.row(_subscription_cells(row)))
+            lines.append(columns.row(lead(row, _subscription_cells(row))))
     else:
         lines.append("no subscriptions")
     lines += ["", "Schedules"]
     if report["schedules"]:
-        lines.append(SCHEDULE_COLUMNS.header())
-        lines += [SCHEDULE_COLUMNS.row(_schedule_cells(row)) for row in report["schedules"]]
+        columns, lead = table(SCHEDULE_COLUMNS)
+        lines.append(columns.header())
+        lines += [columns.row(lead(row, _schedule_cells(row))) for row in report["schedules"]]
     else:
         lines.append("no schedules")
     lines += ["", "History", _history_line(report["history"])]
@@ -225,17 +261,20 @@ def _schedule_cells(row: dict[str, Any]) -> list[object]:
     ]
 
 
-def _dead_letter_lines(dead_letters: list[dict[str, Any]]) -> list[str]:
-    """A row per topic and category, a column per state."""
-    by_pair: dict[tuple[str, str], dict[str, int]] = {}
+def _dead_letter_lines(
+    dead_letters: list[dict[str, Any]], columns: Columns, lead: Any
+) -> list[str]:
+    """A row per database, topic and category, a column per state."""
+    by_pair: dict[tuple[str, str, str], dict[str, int]] = {}
     for row in dead_letters:
-        by_pair.setdefault((row["topic"], row["category"]), {})[row["state"]] = row["count"]
+        pair = (row["database"], row["topic"], row["category"])
+        by_pair.setdefault(pair, {})[row["state"]] = row["count"]
     if not by_pair:
         return ["no dead letters"]
-    lines = [DEAD_LETTER_COLUMNS.header()]
-    for (topic, category), by_state in by_pair.items():
+    lines = [columns.header()]
+    for (database, topic, category), by_state in by_pair.items():
         counts = [by_state.get(state, 0) for state in DeadLetterState.values]
-        lines.append(DEAD_LETTER_COLUMNS.row([topic, category, *counts]))
+        lines.append(columns.row(lead({"database": database}, [topic, category, *counts])))
     return lines
 
 
@@ -333,6 +372,8 @@ def _thresholds(
     limit = options["min_workers"]
     if limit is not None:
         for name in selected if selected is not None else conf.queues():
+            if name not in queues:
+                continue  # on a database not reported (--database)
             alive = queues[name]["workers_alive"]
             line = f"queue {name!r} has {plural(alive, 'live worker')} (minimum {limit})"
             check("min_workers", limit, alive, alive < limit, line, name)
