@@ -12,7 +12,7 @@ from typing import Any
 from django_pgqueue import conf
 from django_pgqueue.models import Schedule
 from django_pgqueue.schedules import state, ticks
-from django_pgqueue.schedules.configured import load
+from django_pgqueue.schedules.configured import load, schedules_on
 from django_pgqueue.schedules.spec import ScheduleSpec
 
 
@@ -66,13 +66,9 @@ def specs_here() -> list[ScheduleSpec]:
     specs, _ = load()
     if len(conf.databases()) == 1:
         return specs
-    alias, default = conf.database_alias(), conf.get("DEFAULT_QUEUE")
+    here = {spec.name for spec in schedules_on(specs, conf.database_alias())}
     kept = state.states()
-    return [
-        spec
-        for spec in specs
-        if spec.name in kept or conf.queue_database(spec.queue or default) == alias
-    ]
+    return [spec for spec in specs if spec.name in here or spec.name in kept]
 
 
 def rows_here() -> list[Row]:
