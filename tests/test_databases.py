@@ -328,3 +328,38 @@ def test_the_test_helpers_see_and_drain_every_database():
     drained = testing.drain()
     assert sorted(m.payload["to"] for m in drained.messages) == ["a", "b"]
     assert drained.done == 2 and testing.enqueued() == []
+
+
+# --- dead letters ------------------------------------------------------------------
+
+
+def dead_letter(alias, queue, topic="dl.topic"):
+    from django_pgqueue.models import Category, DeadLetter
+
+    return DeadLetter.objects.using(alias).create(
+        message_id=1, queue=queue, topic=topic, payload={"n": 1},
+        category=Category.TRANSIENT, reason="ConnectionError: down", attempts=5,
+    )  # fmt: skip
+
+
+def test_dead_letter_triage_works_on_the_dead_letters_database():
+    from django_pgqueue.exceptions import DeadLetterError
+    from django_pgqueue.models import DeadLetter, DeadLetterState
+
+    there = dead_letter("other", "bulk")
+    here = dead_letter("default", "default")
+    result = django_pgqueue.revive(DeadLetter.objects.using("other").filter(pk=there.pk))
+    assert result.done == 1
+    there.refresh_from_db()
+    assert there.state == DeadLetterState.REVIVED
+    revived = Message.objects.using("other").get(pk=there.revived_message_id)
+    assert (revived.queue, revived.topic) == ("bulk", "dl.topic"), "revived where it lives"
+    assert django_pgqueue.resolve([here], note="handled by hand").done == 1, "its own database"
+    assert DeadLetter.objects.using("default").get(pk=here.pk).state == DeadLetterState.RESOLVED
+    other = dead_letter("other", "bulk", topic="dl.two")
+    assert django_pgqueue.categorize([other], "permanent", by="ops").done == 1
+    with pytest.raises(DeadLetterError, match="several databases"):
+        django_pgqueue.resolve([other, here], note="x")
+    with pytest.raises(DeadLetterError, match="queue 'default' is on the database 'default'"):
+        django_pgqueue.revive([other], queue="default")
+    assert DeadLetter.objects.using("other").get(pk=other.pk).state == DeadLetterState.NEW

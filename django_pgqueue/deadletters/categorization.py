@@ -8,8 +8,7 @@ import datetime
 from django.db import transaction
 from django.utils import timezone
 
-from django_pgqueue import conf
-from django_pgqueue.deadletters import arguments, audit
+from django_pgqueue.deadletters import arguments, audit, selection
 from django_pgqueue.deadletters.arguments import Actor
 from django_pgqueue.deadletters.audit import logger
 from django_pgqueue.deadletters.result import UNCHANGED, TriageResult
@@ -35,7 +34,7 @@ def categorize(
     the previous category, who and ``note``. Dead letters already in
     that category are skipped.
     """
-    using = conf.database_alias()
+    dead_letters, using = selection.database_of(dead_letters)
     if category not in Category.values:
         raise DeadLetterError(f"unknown category {category!r}; one of {', '.join(Category.values)}")
     category = Category(category).value

@@ -13,7 +13,7 @@ from django.db import connections, transaction
 from django.utils import timezone
 
 from django_pgqueue import conf, groups
-from django_pgqueue.deadletters import arguments, audit
+from django_pgqueue.deadletters import arguments, audit, selection
 from django_pgqueue.deadletters.arguments import Actor
 from django_pgqueue.deadletters.audit import logger
 from django_pgqueue.deadletters.result import (
@@ -70,8 +70,14 @@ def revive(
     a large redrive trickles in instead of flooding the workers. ``clock``
     and ``sleep`` are for tests.
     """
-    using = conf.database_alias()
+    dead_letters, using = selection.database_of(dead_letters)
     queue = arguments.name_or_none("queue", queue, conf.QUEUE_MAX_LENGTH)
+    if queue is not None and conf.queue_database(queue) != using:
+        raise DeadLetterError(
+            f"queue {queue!r} is on the database {conf.queue_database(queue)!r} and these dead "
+            f"letters on {using!r}: a revival writes its message and marks its dead letter in "
+            "one transaction, so on one database"
+        )
     topic = arguments.name_or_none("topic", topic, conf.TOPIC_MAX_LENGTH)
     actor, line_note = arguments.actor(by), arguments.note(note)
     size = arguments.chunk_size(chunk_size)

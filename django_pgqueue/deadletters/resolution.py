@@ -7,8 +7,7 @@ import datetime
 from django.db import transaction
 from django.utils import timezone
 
-from django_pgqueue import conf
-from django_pgqueue.deadletters import arguments, audit
+from django_pgqueue.deadletters import arguments, audit, selection
 from django_pgqueue.deadletters.arguments import Actor
 from django_pgqueue.deadletters.audit import logger
 from django_pgqueue.deadletters.result import ALREADY_RESOLVED, IS_REVIVED, TriageResult
@@ -34,7 +33,7 @@ def resolve(
     ``notes``; ``note`` is required. Already resolved and revived ones are
     skipped.
     """
-    using = conf.database_alias()
+    dead_letters, using = selection.database_of(dead_letters)
     actor, line_note = arguments.actor(by), arguments.note(note)
     if not line_note:
         raise DeadLetterError("resolve() needs a note saying why (note='...')")

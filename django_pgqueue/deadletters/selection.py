@@ -59,6 +59,29 @@ def select(
     return queryset
 
 
+def database_of(dead_letters: DeadLetters) -> tuple[DeadLetters, str]:
+    """(``dead_letters``, read once if an iterator, and the alias they are
+    on): a queryset's ``.using()`` alias, the dead letters' own database,
+    else the database the code works on (``conf.database_alias()``).
+    Dead letters of several databases are a DeadLetterError."""
+    if isinstance(dead_letters, QuerySet):
+        # _db: the alias its .using() named, if any (QuerySet.db would
+        # answer the router's default instead of the database in scope).
+        return dead_letters, dead_letters._db or conf.database_alias()  # type: ignore[union-attr]
+    if isinstance(dead_letters, DeadLetter):
+        return dead_letters, dead_letters._state.db or conf.database_alias()
+    if isinstance(dead_letters, str | bytes) or not isinstance(dead_letters, Iterable):
+        return dead_letters, conf.database_alias()  # (checked_ids says what is wrong)
+    items = list(dead_letters)
+    found = {d._state.db for d in items if isinstance(d, DeadLetter) and d._state.db}
+    if len(found) > 1:
+        raise DeadLetterError(
+            f"the dead letters are on several databases ({', '.join(sorted(found))}): "
+            "triage those of each database in a call of its own"
+        )
+    return items, found.pop() if found else conf.database_alias()
+
+
 def id_batches(dead_letters: DeadLetters, using: str, size: int) -> Iterator[list[int]]:
     """Check ``dead_letters`` now (raising DeadLetterError) and return an
     iterator over its ids, ascending, ``size`` at a time."""
