@@ -43,6 +43,10 @@ class DrainMonitor:
         pid: int | None = None,
     ) -> None:
         self.conn = connect(url)
+        self.backend_pid = int(self.conn.info.backend_pid)
+        # Its server backend's CPU seconds when it stopped (None: the server
+        # is not on this machine), to leave the monitor out of the server's.
+        self.backend_cpu_s: float | None = None
         self.claimed, self.empty_query = claimed, empty
         self.interval = interval
         self.adaptive = adaptive
@@ -83,6 +87,7 @@ class DrainMonitor:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+        self.backend_cpu_s = proc_cpu_seconds(self.backend_pid)
         self.conn.close()
 
     @property

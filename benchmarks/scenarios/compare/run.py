@@ -58,6 +58,13 @@ def set_up(system: System, result: Result) -> bool:
     return True
 
 
+def server_text(run: dict[str, Any]) -> str:
+    """The server's CPU and WAL per job of a drain run, for the progress lines."""
+    cpu, wal = run.get("server_cpu_us_per_job"), run.get("wal_bytes_per_job")
+    text = f", server CPU {cpu:6.1f} us/job" if cpu is not None else ""
+    return text + (f", WAL {wal:5.0f} B/job" if wal is not None else "")
+
+
 def drains(system: System, stats: Stats, step: Callable[..., Any]) -> dict[str, Any]:
     """Drain throughput, 1 and 2 worker processes, per variant (each fills the
     queue with the bulk API first: that is the bulk enqueue figure)."""
@@ -89,6 +96,7 @@ def drains(system: System, stats: Stats, step: Callable[..., Any]) -> dict[str, 
                     f"  {variant.label:42} {processes}p: "
                     + (f"{jobs:9,.0f} jobs/s" if jobs else "        -")
                     + (f", worker CPU {cpu:6.1f} us/job" if cpu is not None else "")
+                    + server_text(run)
                     + f" (bulk enqueue {run['bulk_enqueue_per_s']:,.0f}/s){note}",
                     file=sys.stderr,
                 )
@@ -237,7 +245,8 @@ def paired_drains(ran: Ran, stats: Stats, opts: Any) -> dict[str, Any] | None:
     apart, and this machine's speed moves by a third within minutes, so a
     ratio of two such runs measures the moment as much as the systems. The
     targets take the median of the rounds' ratios; the table keeps the main
-    runs. Each round also records the workers' CPU per job (``cpu_rounds``)."""
+    runs. Each round also records the workers' CPU per job (``cpu_rounds``)
+    and the server's CPU and WAL per job (``server_rounds``)."""
     entries = []
     for name in ("raw", "pgqueue"):
         if name in ran and ran[name][1].get("status") == "ok":
@@ -251,9 +260,9 @@ def paired_drains(ran: Ran, stats: Stats, opts: Any) -> dict[str, Any] | None:
     if not any(name == "pgqueue" for name, _ in entries) or len(entries) < 3:
         return None
     print("\n== one-process drains again, in turn (for the targets' ratios)", file=sys.stderr)
-    rounds, cpu_rounds = [], []
+    rounds, cpu_rounds, server_rounds = [], [], []
     for i in range(opts.repeat):
-        rates, cpu = {}, {}
+        rates, cpu, server = {}, {}, {}
         for name, key in entries:
             system = ran[name][0]
             variant = next(v for v in system.variants() if v.key == key)
@@ -268,10 +277,21 @@ def paired_drains(ran: Ran, stats: Stats, opts: Any) -> dict[str, Any] | None:
                 return None
             rates[f"{name}/{key}"] = run["jobs_per_s"]
             cpu[f"{name}/{key}"] = run.get("worker_cpu_us_per_job")
+            server[f"{name}/{key}"] = [
+                run.get("server_cpu_us_per_job"),
+                run.get("wal_bytes_per_job"),
+            ]
         rounds.append(rates)
         cpu_rounds.append(cpu)
+        server_rounds.append(server)
         print("  " + ", ".join(f"{k} {v:,.0f}/s" for k, v in rates.items()), file=sys.stderr)
-    return {"entries": [f"{n}/{k}" for n, k in entries], "rounds": rounds, "cpu_rounds": cpu_rounds}
+    return {
+        "entries": [f"{n}/{k}" for n, k in entries],
+        "rounds": rounds,
+        "cpu_rounds": cpu_rounds,
+        # [server CPU us, WAL bytes] per message of each drain of each round
+        "server_rounds": server_rounds,
+    }
 
 
 def paired_ratio(
