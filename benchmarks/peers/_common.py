@@ -43,19 +43,66 @@ def parser(description):
     p.add_argument("--variant", default="", help="which handler/topic the messages go to")
     p.add_argument("--spacing", type=float, default=0.02, help="latency-enqueue: seconds apart")
     p.add_argument("--prefix", default="", help="latency-enqueue: prefix of the message keys")
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="latency-enqueue, open loop: message i is due at --start-at + i / RATE (epoch"
+        " seconds) and sent then, or at once when late (no --spacing)",
+    )
+    p.add_argument("--start-at", type=float, default=0.0, help="with --rate: when message 0 is due")
+    p.add_argument(
+        "--senders", type=int, default=1, help="with --rate: this sender sends every SENDERS-th"
+    )
+    p.add_argument("--sender", type=int, default=0, help="with --rate: from message SENDER")
     return p
 
 
-def latency_loop(enqueue_one, n, spacing, prefix=""):
-    """Enqueue ``n`` messages one at a time, ``spacing`` apart; ``enqueue_one(key)``
-    must return when its transaction has committed, with the key the handler
-    will write. Returns [[key, commit time], ...]."""
+def schedule(args):
+    """[(key, due)] of the messages this client sends: due (epoch seconds) on
+    the open-loop schedule of --rate (this sender's share: every --senders-th
+    message from --sender), or None without --rate (then --spacing apart)."""
+    if not args.rate:
+        return [(f"{args.prefix}{i}", None) for i in range(args.n)]
+    return [
+        (f"{args.prefix}{i}", args.start_at + i / args.rate)
+        for i in range(args.sender, args.n, args.senders)
+    ]
+
+
+def latency_loop(enqueue_one, args):
+    """Enqueue the messages of ``schedule(args)`` one per transaction:
+    ``enqueue_one(key)`` must return when its transaction has committed, with
+    the key the handler will write (``key`` or the message's id). Spaced: each
+    --spacing after the previous one's commit; open loop (--rate): each when
+    due, whatever the worker does, at once when the sender is late. Returns
+    {"sent": [[key, commit time(, due)], ...], "ready_at": when the loop began}."""
     out = []
-    for i in range(n):
-        key = enqueue_one(f"{prefix}{i}")
-        out.append([str(key), time.time()])
-        time.sleep(spacing)
-    return out
+    ready_at = time.time()
+    for key, due in schedule(args):
+        if due is not None and (delay := due - time.time()) > 0:
+            time.sleep(delay)
+        sent = enqueue_one(key)
+        out.append([str(sent), time.time()] + ([due] if due is not None else []))
+        if due is None:
+            time.sleep(args.spacing)
+    return {"sent": out, "ready_at": ready_at}
+
+
+async def async_latency_loop(enqueue_one, args):
+    """``latency_loop`` with a coroutine ``enqueue_one``."""
+    import asyncio
+
+    out = []
+    ready_at = time.time()
+    for key, due in schedule(args):
+        if due is not None and (delay := due - time.time()) > 0:
+            await asyncio.sleep(delay)
+        sent = await enqueue_one(key)
+        out.append([str(sent), time.time()] + ([due] if due is not None else []))
+        if due is None:
+            await asyncio.sleep(args.spacing)
+    return {"sent": out, "ready_at": ready_at}
 
 
 def timed(fn):

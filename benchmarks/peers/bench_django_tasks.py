@@ -52,7 +52,7 @@ def main(argv=None):
             latency.enqueue(key=key)
             return key
 
-        _common.emit({"sent": _common.latency_loop(one, args.n, args.spacing, args.prefix)})
+        _common.emit(_common.latency_loop(one, args))
     else:
         raise SystemExit(f"unknown op {args.op!r}")
 

@@ -13,7 +13,6 @@ demo.Handled row first thing: its handled_at is the start). Enqueue:
 
 import os
 import sys
-import time
 from pathlib import Path
 
 import _common
@@ -65,12 +64,12 @@ def main(argv=None):
         connection.ensure_connection()
         if connection.in_atomic_block:
             raise SystemExit("the connection is inside a transaction")
-        sent = []
-        for i in range(args.n):
-            message = enqueue(TOPICS["latency"], {"i": i})  # autocommit: committed on return
-            sent.append([str(message.pk), time.time()])
-            time.sleep(args.spacing)
-        _common.emit({"sent": sent})
+
+        def one(key):
+            # autocommit: committed on return; the handler records the message's id
+            return enqueue(TOPICS["latency"], {"i": key}).pk
+
+        _common.emit(_common.latency_loop(one, args))
     else:
         raise SystemExit(f"unknown op {args.op!r}")
 

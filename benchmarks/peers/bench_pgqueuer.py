@@ -79,15 +79,12 @@ async def run(args):
             await queries.enqueue(entrypoints, payloads, priorities)
             out = {"seconds": loop.time() - started, "n": args.n}
         elif args.op == "latency-enqueue":
-            import time
 
-            sent = []
-            for i in range(args.n):
-                key = f"{args.prefix}{i}"
+            async def one(key):
                 await queries.enqueue("latency", key.encode())
-                sent.append([key, time.time()])
-                await asyncio.sleep(args.spacing)
-            out = {"sent": sent}
+                return key
+
+            out = await _common.async_latency_loop(one, args)
         else:
             raise SystemExit(f"unknown op {args.op!r}")
     finally:

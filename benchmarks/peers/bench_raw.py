@@ -132,8 +132,7 @@ def main(argv=None):
                 )
                 return key
 
-            sent = _common.latency_loop(one, args.n, args.spacing, args.prefix)
-            _common.emit({"sent": sent})
+            _common.emit(_common.latency_loop(one, args))
         else:
             p.error(f"unknown op {args.op!r}")
 

@@ -5,7 +5,7 @@ the peers' Python client scripts: one operation per call, answering one JSON
 object on the last line of stdout.
 
     node bench_graphile.js info|setup|enqueue-single|enqueue-bulk|latency-enqueue [--n N]
-        [--spacing S] [--prefix P] [--chunk 1000]
+        [--spacing S] [--prefix P] [--chunk 1000] [--rate R --start-at T --senders K --sender J]
     node bench_graphile.js worker [--once] [--concurrency N] [--local-queue N]
         [--complete-batch-delay MS] [--poll-interval MS]
 
@@ -69,6 +69,10 @@ const OPTIONS = {
   spacing: { type: "string", default: "0.02" },
   prefix: { type: "string", default: "" },
   chunk: { type: "string", default: "1000" },
+  rate: { type: "string", default: "0" },
+  "start-at": { type: "string", default: "0" },
+  senders: { type: "string", default: "1" },
+  sender: { type: "string", default: "0" },
   once: { type: "boolean", default: false },
   concurrency: { type: "string" },
   "local-queue": { type: "string" },
@@ -143,15 +147,25 @@ async function client(op, values) {
       return { seconds: seconds(started), n, chunk };
     }
     if (op === "latency-enqueue") {
+      // As the Python peers' _common.latency_loop: --spacing apart, or open
+      // loop (--rate): message i due at --start-at + i / rate, this sender's
+      // share every --senders-th from --sender, sent when due (at once when late).
       const spacing = Number(values.spacing) * 1000;
+      const rate = Number(values.rate);
+      const senders = Number(values.senders);
+      const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
       const sent = [];
-      for (let i = 0; i < n; i++) {
+      await utils.withPgClient((c) => c.query("SELECT 1")); // connect first
+      const readyAt = Date.now() / 1000;
+      for (let i = rate ? Number(values.sender) : 0; i < n; i += rate ? senders : 1) {
         const key = `${values.prefix}${i}`;
+        const due = rate ? Number(values["start-at"]) + i / rate : null;
+        if (due !== null && due * 1000 > Date.now()) await sleep(due * 1000 - Date.now());
         await utils.addJob("latency", { key });
-        sent.push([key, Date.now() / 1000]);
-        await new Promise((resolve) => setTimeout(resolve, spacing));
+        sent.push(due === null ? [key, Date.now() / 1000] : [key, Date.now() / 1000, due]);
+        if (due === null) await sleep(spacing);
       }
-      return { sent };
+      return { sent, ready_at: readyAt };
     }
     throw new Error(`unknown op ${JSON.stringify(op)}`);
   });

@@ -14,6 +14,7 @@ import psycopg
 from benchmarks.harness.numbers import median, round_ratios
 from benchmarks.harness.pgstats import Stats
 from benchmarks.scenarios.compare import REPEAT_MAX_DRAIN_S, StepFailed
+from benchmarks.scenarios.compare.load import load_text, measure_load, offered_rate
 from benchmarks.scenarios.compare.measure import (
     drain_run,
     enqueue_single,
@@ -169,6 +170,8 @@ def run_system(system: System, stats: Stats) -> Result:
                 f"p99 {lat['p99_ms']:.2f} ms ({lat['handled']}/{lat['samples']})",
                 file=sys.stderr,
             )
+    if opts.load_rates and opts.load_seconds:
+        result["load"] = loads(system, result, step)
     if opts.idle_seconds:
         idle = step(
             "idle", lambda: measure_idle(system, stats, opts.idle_settle, opts.idle_seconds)
@@ -189,12 +192,38 @@ def run_system(system: System, stats: Stats) -> Result:
         for x in r["peak_rss_mib"]
     ]
     rss += [m["peak_rss_mib"] for m in (result.get("latency"), result.get("idle")) if m]
+    rss += [m["peak_rss_mib"] for m in result.get("load") or [] if "peak_rss_mib" in m]
     result["peak_rss_mib"] = max(rss) if rss else None
     try:
         system.reset()
     except psycopg.Error:
         pass
     return result
+
+
+def loads(system: System, result: Result, step: Callable[..., Any]) -> list[dict[str, Any]]:
+    """Latency at load, one run per ``--load-rates`` item (a percentage: of
+    this system's fastest one-process drain, its own)."""
+    opts = system.opts
+    best = best_variant(result)
+    drain_rate = result["variants"][best[0]]["runs"]["1"]["jobs_per_s"] if best else None
+    out = []
+    for item in opts.load_rates:
+        rate = offered_rate(item, drain_rate)
+        if not rate:
+            out.append({"rate": item, "problem": "no one-process drain rate measured"})
+            continue
+        load = step(
+            f"latency at {rate:,.0f}/s offered",
+            lambda r=rate: measure_load(
+                system, r, opts.load_seconds, opts.load_senders, drain_rate
+            ),
+        )
+        if load:
+            load["rate"] = item
+            out.append(load)
+            print(f"  latency at load: {load_text(load)}", file=sys.stderr)
+    return out
 
 
 Ran = dict[str, tuple[System, Result]]
