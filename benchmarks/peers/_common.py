@@ -52,6 +52,12 @@ def parser(description):
     )
     p.add_argument("--start-at", type=float, default=0.0, help="with --rate: when message 0 is due")
     p.add_argument(
+        "--start-file",
+        default="",
+        help="with --rate: once connected, print 'ready' and wait for this file, which holds"
+        " --start-at (the senders start together, however long each took to start)",
+    )
+    p.add_argument(
         "--senders", type=int, default=1, help="with --rate: this sender sends every SENDERS-th"
     )
     p.add_argument("--sender", type=int, default=0, help="with --rate: from message SENDER")
@@ -70,6 +76,19 @@ def schedule(args):
     ]
 
 
+def wait_start(args):
+    """With --start-file: say "ready" on stdout and wait for the file (written
+    whole by a rename), whose content becomes --start-at."""
+    if not (args.rate and args.start_file):
+        return
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    while not os.path.exists(args.start_file):
+        time.sleep(0.001)
+    with open(args.start_file) as f:
+        args.start_at = float(f.read())
+
+
 def latency_loop(enqueue_one, args):
     """Enqueue the messages of ``schedule(args)`` one per transaction:
     ``enqueue_one(key)`` must return when its transaction has committed, with
@@ -77,6 +96,7 @@ def latency_loop(enqueue_one, args):
     --spacing after the previous one's commit; open loop (--rate): each when
     due, whatever the worker does, at once when the sender is late. Returns
     {"sent": [[key, commit time(, due)], ...], "ready_at": when the loop began}."""
+    wait_start(args)
     out = []
     ready_at = time.time()
     for key, due in schedule(args):
@@ -93,6 +113,7 @@ async def async_latency_loop(enqueue_one, args):
     """``latency_loop`` with a coroutine ``enqueue_one``."""
     import asyncio
 
+    wait_start(args)  # blocks the event loop: nothing else runs yet
     out = []
     ready_at = time.time()
     for key, due in schedule(args):

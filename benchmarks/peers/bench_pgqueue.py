@@ -43,6 +43,7 @@ def main(argv=None):
             ("django-pgqueue", "django", "psycopg"),
             poll_interval=conf.get("POLL_INTERVAL"),
             heartbeat_interval=conf.get("HEARTBEAT_INTERVAL"),
+            keep_finished=conf.get("KEEP_FINISHED"),  # the history: on unless 0
             location=str(Path(django_pgqueue.__file__).resolve().parent),
         )
     elif args.op == "enqueue-single":

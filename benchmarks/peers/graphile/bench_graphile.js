@@ -5,7 +5,7 @@ the peers' Python client scripts: one operation per call, answering one JSON
 object on the last line of stdout.
 
     node bench_graphile.js info|setup|enqueue-single|enqueue-bulk|latency-enqueue [--n N]
-        [--spacing S] [--prefix P] [--chunk 1000] [--rate R --start-at T --senders K --sender J]
+        [--spacing S] [--prefix P] [--chunk 1000] [--rate R --start-at T | --start-file F --senders K --sender J]
     node bench_graphile.js worker [--once] [--concurrency N] [--local-queue N]
         [--complete-batch-delay MS] [--poll-interval MS]
 
@@ -71,6 +71,7 @@ const OPTIONS = {
   chunk: { type: "string", default: "1000" },
   rate: { type: "string", default: "0" },
   "start-at": { type: "string", default: "0" },
+  "start-file": { type: "string", default: "" },
   senders: { type: "string", default: "1" },
   sender: { type: "string", default: "0" },
   once: { type: "boolean", default: false },
@@ -156,10 +157,17 @@ async function client(op, values) {
       const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
       const sent = [];
       await utils.withPgClient((c) => c.query("SELECT 1")); // connect first
+      let startAt = Number(values["start-at"]);
+      if (rate && values["start-file"]) {
+        // Say ready, wait for the file that holds the start (all senders start together).
+        process.stdout.write("ready\n");
+        while (!fs.existsSync(values["start-file"])) await sleep(1);
+        startAt = Number(fs.readFileSync(values["start-file"], "utf8"));
+      }
       const readyAt = Date.now() / 1000;
       for (let i = rate ? Number(values.sender) : 0; i < n; i += rate ? senders : 1) {
         const key = `${values.prefix}${i}`;
-        const due = rate ? Number(values["start-at"]) + i / rate : null;
+        const due = rate ? startAt + i / rate : null;
         if (due !== null && due * 1000 > Date.now()) await sleep(due * 1000 - Date.now());
         await utils.addJob("latency", { key });
         sent.push(due === null ? [key, Date.now() / 1000] : [key, Date.now() / 1000, due]);

@@ -6,7 +6,8 @@ share one schedule: message i is due at start + i / rate, sender j sends
 messages j, j + senders, ...; each is sent when due, one transaction each,
 whatever the worker does (at once when the sender is late), and its commit
 time is recorded when the call returns. The handler's first act records its
-start (as the latency measurement's). Reported: commit to handler start
+start (as the latency measurement's). The senders start, connect, say
+"ready", and the schedule begins when all are. Reported: commit to handler start
 (p50/p95/p99), due to handler start (the same plus the senders' lag: what
 an open-loop client would see), the senders' lag and the rate they
 reached; a rate they did not reach (one transaction per message costs a
@@ -15,15 +16,17 @@ commit each) is flagged, not hidden."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 from benchmarks.harness.monitor import wait_until
 from benchmarks.harness.numbers import distribution, percentile
+from benchmarks.harness.processes import Process
 from benchmarks.scenarios.compare import StepFailed
 from benchmarks.scenarios.compare.measure import start_listening_worker
 from benchmarks.scenarios.compare.system import System
 
-LEAD_S = 3.0  # the senders start (interpreter, imports, connection) before message 0 is due
+LEAD_S = 0.2  # from every sender ready (connected) to message 0 due
 REACHED = 0.95  # the senders reached the offered rate when they sent at least this share of it
 
 
@@ -43,6 +46,25 @@ def offered_rate(item: str, drain_rate: float | None) -> float | None:
     return float(item)
 
 
+def start_together(procs: list[Process], start_file: Path) -> float:
+    """Once every sender said "ready" (connected), write the schedule's start,
+    LEAD_S from now, into ``start_file``; returns it."""
+
+    def ready() -> bool:
+        for p in procs:
+            if p.poll() is not None:
+                raise StepFailed(f"a sender exited {p.returncode}:\n{p.log_tail(8)}")
+        return all("ready\n" in p.log_text() for p in procs)
+
+    if not wait_until(ready, 120, poll=0.02):
+        raise StepFailed("the senders were not ready within 120 s")
+    start_at = time.time() + LEAD_S
+    partial = start_file.with_suffix(".partial")
+    partial.write_text(f"{start_at:.6f}")
+    partial.rename(start_file)
+    return start_at
+
+
 def measure_load(
     system: System, rate: float, seconds: float, senders: int, drain_rate: float | None
 ) -> dict[str, Any]:
@@ -56,17 +78,19 @@ def measure_load(
     procs = []
     try:
         time.sleep(1.0)  # let it go idle
-        start_at = time.time() + LEAD_S
+        start_file = system.opts.log_dir / f"{system.name}-load-{tag}.start"
+        start_file.unlink(missing_ok=True)
         procs = [
             system.start_client(
                 "latency-enqueue",
-                *["--n", n, "--rate", rate, "--start-at", f"{start_at:.6f}"],
+                *["--n", n, "--rate", rate, "--start-file", start_file],
                 *["--senders", senders, "--sender", j, "--prefix", "load"],
                 log_name=f"load-{tag}-sender{j}",
             )
             for j in range(senders)
         ]
-        answers = [system.client_answer(p, LEAD_S + n / 100 + 60) for p in procs]
+        start_at = start_together(procs, start_file)
+        answers = [system.client_answer(p, n / 100 + 60) for p in procs]
         sent = [row for answer in answers for row in answer["sent"]]
         keys = {row[0] for row in sent}
         # An overloaded worker (offered more than it drains) needs longer to finish.
