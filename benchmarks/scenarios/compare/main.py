@@ -41,6 +41,7 @@ from benchmarks.scenarios.compare import (
     REPEAT_MAX_DRAIN_S,
     RESULTS,
 )
+from benchmarks.scenarios.compare.issue41 import issue41_targets
 from benchmarks.scenarios.compare.load import parse_rates
 from benchmarks.scenarios.compare.markdown import markdown
 from benchmarks.scenarios.compare.run import paired_drains, paired_enqueue, run_system
@@ -203,6 +204,7 @@ def run(opts):
             paired_enqueue(ran["raw"], ran["pgqueue"], opts)
         report["paired_drains"] = paired_drains(ran, stats, opts)
     report["targets"] = build_targets(report["systems"], opts, report["paired_drains"])
+    report["issue41_targets"] = issue41_targets(report["systems"], report["paired_drains"])
     report["environment"]["load_average_at_end"] = os.getloadavg()
     report["elapsed_s"] = time.monotonic() - started
     text = markdown(report)

@@ -185,6 +185,7 @@ def run_system(system: System, stats: Stats) -> Result:
             )
     if isinstance(system, PgQueue):
         result["poll_interval_s"] = system.poll_interval
+        result["keep_finished_s"] = system.info.get("keep_finished")  # 0: no history
     rss = [
         x
         for v in result["variants"].values()
