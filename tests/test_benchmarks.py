@@ -85,7 +85,7 @@ def test_compare(tmp_path):
     )
     table = (tmp_path / "compare.md").read_text()
     assert "| raw loop, batch 100 |" in table and "| django-pgqueue, atomic=False, tuned |" in table
-    assert "server CPU us/job, 1 / 2 procs | WAL B/job, 1 / 2 procs" in table
+    assert "server CPU us/job (its backends), 1 / 2 procs | WAL B/job, 1 / 2 procs" in table
     assert re.search(r"\| django-pgqueue \| 40 \| 40 \|", table), table
     assert "| issue 41: enqueue_many(), chunks of 1,000 |" in table
     result = json.loads((tmp_path / "compare.json").read_text())
@@ -96,6 +96,7 @@ def test_compare(tmp_path):
             drain = variant["runs"]["1"]
             assert drain["wal_bytes_per_job"] > 0, drain
             assert drain["server_cpu_us_per_job"] is not None, drain  # the server is local
+            assert drain["backends_cpu_us_per_job"] is not None, drain
         load = {r["rate"]: r for r in system["load"]}
         assert load.keys() == {"40", "1%"}, system["load"]
         assert load["40"]["handled"] == 10 and load["40"]["missing"] == 0, load

@@ -37,6 +37,15 @@ def server_figures(
     return [v for v in values if v is not None]
 
 
+def backends_text(pgq: dict[str, Any], key: str, graphile: dict[str, Any], other: str) -> str:
+    """The CPU of the systems' own backends only (main runs), beside the whole server's."""
+    mine = (jobs(pgq, key, 1)[1] or {}).get("backends_cpu_us_per_job")
+    theirs = (jobs(graphile, other, 1)[1] or {}).get("backends_cpu_us_per_job")
+    if mine is None or theirs is None:
+        return ""
+    return f"; their own backends only: {mine:,.1f} vs {theirs:,.1f} us = {mine / theirs:.2f}x"
+
+
 def server_cost(
     targets: Targets,
     pgq: dict[str, Any],
@@ -68,8 +77,11 @@ def server_cost(
             m, o = statistics.median(mine), statistics.median(other)
             value = (
                 f"{m:,.1f} vs {o:,.1f} {unit} = {m / o:.2f}x (medians of {len(mine)} and"
-                f" {len(other)} drains, main runs and rounds; the whole server)"
+                f" {len(other)} drains, main runs and rounds; the whole server"
             )
+            if figure == "server_cpu_us_per_job":
+                value += backends_text(pgq, key, graphile, best[0])
+            value += ")"
             targets.add(name, required, value, m <= factor * o)
 
 

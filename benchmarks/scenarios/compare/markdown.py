@@ -32,7 +32,10 @@ def fmt_server(run, key):
     value = (run or {}).get(key)
     if value is None:
         return "-"
-    return f"{value:.1f}" if value < 100 else f"{value:,.0f}"
+    text = f"{value:.1f}" if value < 100 else f"{value:,.0f}"
+    if key == "server_cpu_us_per_job" and run.get("backends_cpu_us_per_job") is not None:
+        text += f" ({fmt_server(run, 'backends_cpu_us_per_job')})"
+    return text
 
 
 def targets_table(out, title, targets):
@@ -106,7 +109,7 @@ def markdown(report):
         "drain 2 procs /s",
         "x raw b100 (2)",
         "worker CPU us/job, 1 / 2 procs",
-        "server CPU us/job, 1 / 2 procs",
+        "server CPU us/job (its backends), 1 / 2 procs",
         "WAL B/job, 1 / 2 procs",
         "enqueue 1/txn /s",
         "x raw",
@@ -180,7 +183,9 @@ def markdown(report):
         " out: the whole server, so its background processes and anything else it served"
         " meanwhile count too, and the workers' connecting and start-up queries. WAL:"
         " pg_current_wal_insert_lsn() difference over the same window, per job (the whole"
-        " server too). Both medians of the runs."
+        " server too). Both medians of the runs. (its backends): the CPU of the server"
+        " backends of the system's own database only (the workers' connections), sampled"
+        " until they exit: a lower bound, whatever else the server does."
         " Enqueue one per transaction: median of"
         f" {opts['repeat']} runs. Enqueue and latency are per system (the same on"
         " each of its rows); x raw b100 (2) compares with the raw loop with 2 processes."

@@ -51,7 +51,12 @@ def representative(repeats: list[dict[str, Any]]) -> dict[str, Any]:
     run["peak_rss_mib"] = [max(x) for x in zip(*(r["peak_rss_mib"] for r in repeats), strict=True)]
     run["problems"] = [p for r in repeats for p in r["problems"]]
     run["timed_out"] = any(r["timed_out"] for r in repeats)
-    for key in ("worker_cpu_us_per_job", "server_cpu_us_per_job", "wal_bytes_per_job"):
+    for key in (
+        "worker_cpu_us_per_job",
+        "server_cpu_us_per_job",
+        "backends_cpu_us_per_job",
+        "wal_bytes_per_job",
+    ):
         run[key] = median(r.get(key) for r in repeats)
     run["all"] = repeats
     return run
@@ -115,7 +120,11 @@ def drain_run(
     load_before = os.getloadavg()[0]
     server_before = stats.server.read()  # before the monitor connects: its backend is left out
     monitor = DrainMonitor(
-        system.url, (system.claimed_sql, [first_key]), (system.empty_sql, []), adaptive=True
+        system.url,
+        (system.claimed_sql, [first_key]),
+        (system.empty_sql, []),
+        adaptive=True,
+        backends=True,
     )
     monitor.start()
     started = time.perf_counter()
@@ -186,6 +195,11 @@ def drain_run(
                 server_before, stats.server.read(), n, monitor.backend_cpu_s or 0.0
             )
         )
+        # Only the backends of the system's database (the workers'), whatever
+        # else the server does: a lower bound (each backend's last sample).
+        if (backends := monitor.backends_cpu_s) is not None:
+            run["backends_cpu_s"] = round(backends, 4)
+            run["backends_cpu_us_per_job"] = 1e6 * backends / n
         xacts = stats.transactions(system.dbname) - xacts_before - monitor.queries
         run["transactions_per_job"] = xacts / n
         if system.verify_sql:
