@@ -79,7 +79,7 @@ def test_compare(tmp_path):
         *["--systems", "raw,pgqueue", "--skip-install", "--pgqueue-variants", "nonatomic"],
         *["--messages", "300", "--enqueue-messages", "30", "--repeat", "1", "--processes", "1"],
         *["--latency-samples", "3", "--latency-spacing-ms", "5", "--idle-seconds", "0"],
-        *["--load-rates", "40,1%", "--load-seconds", "0.25", "--load-senders", "2"],
+        *["--load-rates", "40,1%", "--load-seconds", "0.25", "--load-senders", "2", "--load-batch"],
         *["--json", tmp_path / "compare.json", "--markdown", tmp_path / "compare.md"],
         *["--log-dir", tmp_path / "logs", "--database-prefix", name],
     )

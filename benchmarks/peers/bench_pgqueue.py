@@ -32,7 +32,7 @@ def main(argv=None):
     import django
 
     django.setup()
-    from django.db import connection
+    from django.db import connection, transaction
 
     import django_pgqueue
     from django_pgqueue import conf, enqueue, enqueue_many
@@ -70,7 +70,11 @@ def main(argv=None):
             # autocommit: committed on return; the handler records the message's id
             return enqueue(TOPICS["latency"], {"i": key}).pk
 
-        _common.emit(_common.latency_loop(one, args))
+        def batch(keys):
+            with transaction.atomic():  # one transaction, one enqueue() each
+                return [enqueue(TOPICS["latency"], {"i": key}).pk for key in keys]
+
+        _common.emit(_common.latency_loop(one, args, batch))
     else:
         raise SystemExit(f"unknown op {args.op!r}")
 

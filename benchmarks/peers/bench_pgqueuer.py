@@ -84,7 +84,13 @@ async def run(args):
                 await queries.enqueue("latency", key.encode())
                 return key
 
-            out = await _common.async_latency_loop(one, args)
+            async def batch(keys):
+                await queries.enqueue(
+                    ["latency"] * len(keys), [k.encode() for k in keys], [0] * len(keys)
+                )
+                return keys
+
+            out = await _common.async_latency_loop(one, args, batch)
         else:
             raise SystemExit(f"unknown op {args.op!r}")
     finally:

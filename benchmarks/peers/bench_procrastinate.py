@@ -37,7 +37,11 @@ async def run(args):
                 await latency.defer_async(key=key)
                 return key
 
-            return await _common.async_latency_loop(one, args)
+            async def batch(keys):
+                await latency.batch_defer_async(*({"key": key} for key in keys))
+                return keys
+
+            return await _common.async_latency_loop(one, args, batch)
     raise SystemExit(f"unknown op {args.op!r}")
 
 

@@ -5,7 +5,7 @@ the peers' Python client scripts: one operation per call, answering one JSON
 object on the last line of stdout.
 
     node bench_graphile.js info|setup|enqueue-single|enqueue-bulk|latency-enqueue [--n N]
-        [--spacing S] [--prefix P] [--chunk 1000] [--rate R --start-at T | --start-file F --senders K --sender J]
+        [--spacing S] [--prefix P] [--chunk 1000] [--rate R --start-at T | --start-file F --senders K --sender J [--batch-late]]
     node bench_graphile.js worker [--once] [--concurrency N] [--local-queue N]
         [--complete-batch-delay MS] [--poll-interval MS]
 
@@ -72,8 +72,10 @@ const OPTIONS = {
   rate: { type: "string", default: "0" },
   "start-at": { type: "string", default: "0" },
   "start-file": { type: "string", default: "" },
+  "stop-at": { type: "string", default: "0" },
   senders: { type: "string", default: "1" },
   sender: { type: "string", default: "0" },
+  "batch-late": { type: "boolean", default: false },
   once: { type: "boolean", default: false },
   concurrency: { type: "string" },
   "local-queue": { type: "string" },
@@ -158,22 +160,40 @@ async function client(op, values) {
       const sent = [];
       await utils.withPgClient((c) => c.query("SELECT 1")); // connect first
       let startAt = Number(values["start-at"]);
+      let stopAt = Number(values["stop-at"]);
       if (rate && values["start-file"]) {
         // Say ready, wait for the file that holds the start (all senders start together).
         process.stdout.write("ready\n");
         while (!fs.existsSync(values["start-file"])) await sleep(1);
-        startAt = Number(fs.readFileSync(values["start-file"], "utf8"));
+        [startAt, stopAt] = fs.readFileSync(values["start-file"], "utf8").split(" ").map(Number);
       }
       const readyAt = Date.now() / 1000;
+      const pending = [];
       for (let i = rate ? Number(values.sender) : 0; i < n; i += rate ? senders : 1) {
-        const key = `${values.prefix}${i}`;
-        const due = rate ? startAt + i / rate : null;
+        pending.push([`${values.prefix}${i}`, rate ? startAt + i / rate : null]);
+      }
+      let transactions = 0;
+      for (let i = 0; i < pending.length; ) {
+        const due = pending[i][1];
+        if (due !== null && stopAt && Date.now() / 1000 > stopAt) break; // far behind: stop
         if (due !== null && due * 1000 > Date.now()) await sleep(due * 1000 - Date.now());
-        await utils.addJob("latency", { key });
-        sent.push(due === null ? [key, Date.now() / 1000] : [key, Date.now() / 1000, due]);
+        // --batch-late: a late sender sends every job due by now in one statement (addJobs).
+        let j = i + 1;
+        const now = Date.now() / 1000;
+        if (values["batch-late"] && due !== null) while (j < pending.length && pending[j][1] <= now) j++;
+        const keys = pending.slice(i, j);
+        if (keys.length > 1) {
+          await utils.addJobs(keys.map(([key]) => ({ identifier: "latency", payload: { key } })));
+        } else {
+          await utils.addJob("latency", { key: keys[0][0] });
+        }
+        const committed = Date.now() / 1000;
+        transactions++;
+        for (const [key, d] of keys) sent.push(d === null ? [key, committed] : [key, committed, d]);
+        i = j;
         if (due === null) await sleep(spacing);
       }
-      return { sent, ready_at: readyAt };
+      return { sent, ready_at: readyAt, transactions };
     }
     throw new Error(`unknown op ${JSON.stringify(op)}`);
   });

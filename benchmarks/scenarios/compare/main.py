@@ -128,6 +128,13 @@ def parse_args(argv):
         help="latency at load: the offered rates, messages/s, or a percentage of the system's"
         " own fastest one-process drain; 0: no load run",
     )
+    p.add_argument(
+        "--load-batch",
+        action="store_true",
+        help="latency at load: a sender that is late sends every message due by then in one"
+        " transaction (the system's bulk API), so that a rate beyond one commit per message"
+        " can be offered; without it, one transaction per message",
+    )
     cli.add_latency(p, "0: no latency run")
     cli.add_server(p, "bench_compare", "each system's database is PREFIX_<system>")
     args = p.parse_args(argv)

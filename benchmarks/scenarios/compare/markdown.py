@@ -58,7 +58,13 @@ def load_table(out, results, opts):
     out.append(
         f"Latency at load: enqueues offered open loop for {opts['load_seconds']:g} s by"
         f" {opts['load_senders']} sender processes on one schedule (each message sent when due,"
-        " one transaction each, whatever the worker does), one listening worker; commit to"
+        " one transaction each, whatever the worker does"
+        + (
+            "; a late sender sends the messages due in one transaction"
+            if opts.get("load_batch")
+            else ""
+        )
+        + "), one listening worker; commit to"
         " handler start, and due to handler start (the senders' lag added). A percentage is"
         " of the system's own fastest one-process drain."
     )
@@ -75,6 +81,11 @@ def load_table(out, results, opts):
             continue
         sent = f"{load['sent_per_s']:,.0f}" + ("" if load["reached"] else " (not reached)")
         sent += " (late start)" if load["late_start"] else ""
+        sent_n = load["messages"] - load.get("unsent", 0)
+        if load.get("unsent"):
+            sent += f" ({load['unsent']:,} of {load['messages']:,} unsent)"
+        if load.get("transactions") and load["transactions"] < sent_n:
+            sent += f" ({sent_n / load['transactions']:.1f}/txn)"
         out.append(
             f"| {r['label']} | {load['rate']} | {load['offered_per_s']:,.0f} | {sent} |"
             f" {load['p50_ms']:.1f} / {load['p95_ms']:.1f} / {load['p99_ms']:.1f} |"

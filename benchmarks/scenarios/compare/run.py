@@ -217,7 +217,7 @@ def loads(system: System, result: Result, step: Callable[..., Any]) -> list[dict
         load = step(
             f"latency at {rate:,.0f}/s offered",
             lambda r=rate: measure_load(
-                system, r, opts.load_seconds, opts.load_senders, drain_rate
+                system, r, opts.load_seconds, opts.load_senders, drain_rate, opts.load_batch
             ),
         )
         if load:
