@@ -63,6 +63,8 @@ def server_text(run: dict[str, Any]) -> str:
     """The server's CPU and WAL per job of a drain run, for the progress lines."""
     cpu, wal = run.get("server_cpu_us_per_job"), run.get("wal_bytes_per_job")
     text = f", server CPU {cpu:6.1f} us/job" if cpu is not None else ""
+    if (backends := run.get("backends_cpu_us_per_job")) is not None:
+        text += f" (its backends {backends:5.1f})"
     return text + (f", WAL {wal:5.0f} B/job" if wal is not None else "")
 
 
