@@ -79,14 +79,30 @@ def test_compare(tmp_path):
         *["--systems", "raw,pgqueue", "--skip-install", "--pgqueue-variants", "nonatomic"],
         *["--messages", "300", "--enqueue-messages", "30", "--repeat", "1", "--processes", "1"],
         *["--latency-samples", "3", "--latency-spacing-ms", "5", "--idle-seconds", "0"],
+        *["--load-rates", "40,1%", "--load-seconds", "0.25", "--load-senders", "2", "--load-batch"],
         *["--json", tmp_path / "compare.json", "--markdown", tmp_path / "compare.md"],
         *["--log-dir", tmp_path / "logs", "--database-prefix", name],
     )
     table = (tmp_path / "compare.md").read_text()
     assert "| raw loop, batch 100 |" in table and "| django-pgqueue, atomic=False, tuned |" in table
+    assert "server CPU us/job (its backends), 1 / 2 procs | WAL B/job, 1 / 2 procs" in table
+    assert re.search(r"\| django-pgqueue \| 40 \| 40 \|", table), table
+    assert "| issue 41: enqueue_many(), chunks of 1,000 |" in table
     result = json.loads((tmp_path / "compare.json").read_text())
     statuses = {system["name"]: system["status"] for system in result["systems"]}
     assert statuses == {"raw": "ok", "pgqueue": "ok"}
+    for system in result["systems"]:
+        for variant in system["variants"].values():
+            drain = variant["runs"]["1"]
+            assert drain["wal_bytes_per_job"] > 0, drain
+            assert drain["server_cpu_us_per_job"] is not None, drain  # the server is local
+            assert drain["backends_cpu_us_per_job"] is not None, drain
+        load = {r["rate"]: r for r in system["load"]}
+        assert load.keys() == {"40", "1%"}, system["load"]
+        assert load["40"]["handled"] == 10 and load["40"]["missing"] == 0, load
+        assert load["40"]["p99_ms"] >= load["40"]["p50_ms"] > 0, load
+    names = [t["target"] for t in result["issue41_targets"]]
+    assert all(name.startswith("issue 41: ") for name in names), names
 
 
 def test_ab():

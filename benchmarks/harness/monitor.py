@@ -30,7 +30,11 @@ class DrainMonitor:
     ``adaptive``, once the drain began, every elapsed/200 (at most 100 ms),
     so a long drain's end is still known to within 0.5% for fewer queries.
     ``pid``: a process whose CPU time (and the machine's) is read at both
-    moments."""
+    moments. ``backends``: also sample the CPU time of the database's other
+    server backends (its clients', from /proc/<pid>/stat: the server on this
+    machine) at every poll, and every ``interval`` from the queue empty until
+    ``stop``; ``backends_cpu_s`` sums each one's last sample (a lower bound:
+    a backend's work after its last sample is missed)."""
 
     def __init__(
         self,
@@ -41,8 +45,13 @@ class DrainMonitor:
         interval: float = 0.005,
         adaptive: bool = False,
         pid: int | None = None,
+        backends: bool = False,
     ) -> None:
         self.conn = connect(url)
+        self.backend_pid = int(self.conn.info.backend_pid)
+        # Its server backend's CPU seconds when it stopped (None: the server
+        # is not on this machine), to leave the monitor out of the server's.
+        self.backend_cpu_s: float | None = None
         self.claimed, self.empty_query = claimed, empty
         self.interval = interval
         self.adaptive = adaptive
@@ -51,6 +60,8 @@ class DrainMonitor:
         self.empty: float | None = None
         self.queries = 0  # one transaction each
         self.cpu: dict[str, tuple[CpuTimes | None, float | None]] = {}
+        self.backends = backends
+        self.backend_samples: dict[int, float] = {}  # backend pid -> its CPU seconds last seen
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="drain-monitor", daemon=True)
 
@@ -67,8 +78,37 @@ class DrainMonitor:
             self.cpu[what] = (cpu_times(), proc_cpu_seconds(self.pid))
         return now
 
+    def _sample_backends(self, query: bool = True) -> None:
+        if query:
+            self.queries += 1
+            rows = self.conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                " AND pid <> pg_backend_pid()"
+            ).fetchall()
+            for (pid,) in rows:
+                self.backend_samples.setdefault(pid, 0.0)
+        for pid in self.backend_samples:
+            cpu = proc_cpu_seconds(pid)
+            if cpu is not None:
+                self.backend_samples[pid] = cpu
+
+    @property
+    def backends_cpu_s(self) -> float | None:
+        """CPU seconds of the database's backends seen (``backends``), or None."""
+        if not self.backends or not self.backend_samples:
+            return None
+        return sum(self.backend_samples.values())
+
     def _run(self) -> None:
+        self._poll()
+        while self.backends and not self._stop.is_set():
+            self._sample_backends(query=False)  # the workers' last work, until they exit
+            self._stop.wait(self.interval)
+
+    def _poll(self) -> None:
         while not self._stop.is_set() and self.empty is None:
+            if self.backends:
+                self._sample_backends()
             now = time.perf_counter()
             if self.first_claim is None:
                 if self._seen(self.claimed):
@@ -83,6 +123,7 @@ class DrainMonitor:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+        self.backend_cpu_s = proc_cpu_seconds(self.backend_pid)
         self.conn.close()
 
     @property

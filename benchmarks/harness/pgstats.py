@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from benchmarks.harness.db import APP_NAME, connect, with_database
+from benchmarks.harness.servercost import ServerCost
 
 
 class Stats:
@@ -15,6 +16,14 @@ class Stats:
     def __init__(self, url: str) -> None:
         """``url``: any database of the server (a server URL without one too)."""
         self.conn = connect(with_database(url, "postgres"))
+        self._server: ServerCost | None = None
+
+    @property
+    def server(self) -> ServerCost:
+        """The server's CPU and WAL position, read through this connection."""
+        if self._server is None:
+            self._server = ServerCost(self.conn)
+        return self._server
 
     def value(self, query: str, params: list[Any] | None = None) -> Any:
         row = self.conn.execute(query, params).fetchone()

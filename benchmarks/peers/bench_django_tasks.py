@@ -52,7 +52,13 @@ def main(argv=None):
             latency.enqueue(key=key)
             return key
 
-        _common.emit({"sent": _common.latency_loop(one, args.n, args.spacing, args.prefix)})
+        def batch(keys):
+            with transaction.atomic():
+                for key in keys:
+                    latency.enqueue(key=key)
+            return keys
+
+        _common.emit(_common.latency_loop(one, args, batch))
     else:
         raise SystemExit(f"unknown op {args.op!r}")
 

@@ -13,7 +13,6 @@ demo.Handled row first thing: its handled_at is the start). Enqueue:
 
 import os
 import sys
-import time
 from pathlib import Path
 
 import _common
@@ -44,6 +43,7 @@ def main(argv=None):
             ("django-pgqueue", "django", "psycopg"),
             poll_interval=conf.get("POLL_INTERVAL"),
             heartbeat_interval=conf.get("HEARTBEAT_INTERVAL"),
+            keep_finished=conf.get("KEEP_FINISHED"),  # the history: on unless 0
             location=str(Path(django_pgqueue.__file__).resolve().parent),
         )
     elif args.op == "enqueue-single":
@@ -65,12 +65,16 @@ def main(argv=None):
         connection.ensure_connection()
         if connection.in_atomic_block:
             raise SystemExit("the connection is inside a transaction")
-        sent = []
-        for i in range(args.n):
-            message = enqueue(TOPICS["latency"], {"i": i})  # autocommit: committed on return
-            sent.append([str(message.pk), time.time()])
-            time.sleep(args.spacing)
-        _common.emit({"sent": sent})
+
+        def one(key):
+            # autocommit: committed on return; the handler records the message's id
+            return enqueue(TOPICS["latency"], {"i": key}).pk
+
+        def batch(keys):  # one INSERT, one transaction
+            items = [{"payload": {"i": key}} for key in keys]
+            return [m.pk for m in enqueue_many(items, topic=TOPICS["latency"])]
+
+        _common.emit(_common.latency_loop(one, args, batch))
     else:
         raise SystemExit(f"unknown op {args.op!r}")
 

@@ -79,15 +79,18 @@ async def run(args):
             await queries.enqueue(entrypoints, payloads, priorities)
             out = {"seconds": loop.time() - started, "n": args.n}
         elif args.op == "latency-enqueue":
-            import time
 
-            sent = []
-            for i in range(args.n):
-                key = f"{args.prefix}{i}"
+            async def one(key):
                 await queries.enqueue("latency", key.encode())
-                sent.append([key, time.time()])
-                await asyncio.sleep(args.spacing)
-            out = {"sent": sent}
+                return key
+
+            async def batch(keys):
+                await queries.enqueue(
+                    ["latency"] * len(keys), [k.encode() for k in keys], [0] * len(keys)
+                )
+                return keys
+
+            out = await _common.async_latency_loop(one, args, batch)
         else:
             raise SystemExit(f"unknown op {args.op!r}")
     finally:

@@ -9,7 +9,6 @@ records its start. Enqueue: ``task.defer_async(...)`` per message (one
 transaction each); bulk: ``task.batch_defer_async(*kwargs)``, one statement.
 """
 
-import asyncio
 import time
 
 import _common
@@ -33,13 +32,16 @@ async def run(args):
             return {"seconds": time.perf_counter() - started, "n": args.n}
         if args.op == "latency-enqueue":
             await app.connector.execute_query_async("SELECT 1")
-            sent = []
-            for i in range(args.n):
-                key = f"{args.prefix}{i}"
+
+            async def one(key):
                 await latency.defer_async(key=key)
-                sent.append([key, time.time()])
-                await asyncio.sleep(args.spacing)
-            return {"sent": sent}
+                return key
+
+            async def batch(keys):
+                await latency.batch_defer_async(*({"key": key} for key in keys))
+                return keys
+
+            return await _common.async_latency_loop(one, args, batch)
     raise SystemExit(f"unknown op {args.op!r}")
 
 

@@ -132,8 +132,15 @@ def main(argv=None):
                 )
                 return key
 
-            sent = _common.latency_loop(one, args.n, args.spacing, args.prefix)
-            _common.emit({"sent": sent})
+            def batch(keys):
+                with conn.transaction():
+                    conn.cursor().executemany(
+                        "INSERT INTO raw_jobs (payload) VALUES (%s)",
+                        [[Jsonb({"key": key})] for key in keys],
+                    )
+                return keys
+
+            _common.emit(_common.latency_loop(one, args, batch))
         else:
             p.error(f"unknown op {args.op!r}")
 

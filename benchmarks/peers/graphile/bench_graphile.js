@@ -5,7 +5,7 @@ the peers' Python client scripts: one operation per call, answering one JSON
 object on the last line of stdout.
 
     node bench_graphile.js info|setup|enqueue-single|enqueue-bulk|latency-enqueue [--n N]
-        [--spacing S] [--prefix P] [--chunk 1000]
+        [--spacing S] [--prefix P] [--chunk 1000] [--rate R --start-at T | --start-file F --senders K --sender J [--batch-late]]
     node bench_graphile.js worker [--once] [--concurrency N] [--local-queue N]
         [--complete-batch-delay MS] [--poll-interval MS]
 
@@ -69,6 +69,13 @@ const OPTIONS = {
   spacing: { type: "string", default: "0.02" },
   prefix: { type: "string", default: "" },
   chunk: { type: "string", default: "1000" },
+  rate: { type: "string", default: "0" },
+  "start-at": { type: "string", default: "0" },
+  "start-file": { type: "string", default: "" },
+  "stop-at": { type: "string", default: "0" },
+  senders: { type: "string", default: "1" },
+  sender: { type: "string", default: "0" },
+  "batch-late": { type: "boolean", default: false },
   once: { type: "boolean", default: false },
   concurrency: { type: "string" },
   "local-queue": { type: "string" },
@@ -143,15 +150,50 @@ async function client(op, values) {
       return { seconds: seconds(started), n, chunk };
     }
     if (op === "latency-enqueue") {
+      // As the Python peers' _common.latency_loop: --spacing apart, or open
+      // loop (--rate): message i due at --start-at + i / rate, this sender's
+      // share every --senders-th from --sender, sent when due (at once when late).
       const spacing = Number(values.spacing) * 1000;
+      const rate = Number(values.rate);
+      const senders = Number(values.senders);
+      const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
       const sent = [];
-      for (let i = 0; i < n; i++) {
-        const key = `${values.prefix}${i}`;
-        await utils.addJob("latency", { key });
-        sent.push([key, Date.now() / 1000]);
-        await new Promise((resolve) => setTimeout(resolve, spacing));
+      await utils.withPgClient((c) => c.query("SELECT 1")); // connect first
+      let startAt = Number(values["start-at"]);
+      let stopAt = Number(values["stop-at"]);
+      if (rate && values["start-file"]) {
+        // Say ready, wait for the file that holds the start (all senders start together).
+        process.stdout.write("ready\n");
+        while (!fs.existsSync(values["start-file"])) await sleep(1);
+        [startAt, stopAt] = fs.readFileSync(values["start-file"], "utf8").split(" ").map(Number);
       }
-      return { sent };
+      const readyAt = Date.now() / 1000;
+      const pending = [];
+      for (let i = rate ? Number(values.sender) : 0; i < n; i += rate ? senders : 1) {
+        pending.push([`${values.prefix}${i}`, rate ? startAt + i / rate : null]);
+      }
+      let transactions = 0;
+      for (let i = 0; i < pending.length; ) {
+        const due = pending[i][1];
+        if (due !== null && stopAt && Date.now() / 1000 > stopAt) break; // far behind: stop
+        if (due !== null && due * 1000 > Date.now()) await sleep(due * 1000 - Date.now());
+        // --batch-late: a late sender sends every job due by now in one statement (addJobs).
+        let j = i + 1;
+        const now = Date.now() / 1000;
+        if (values["batch-late"] && due !== null) while (j < pending.length && pending[j][1] <= now) j++;
+        const keys = pending.slice(i, j);
+        if (keys.length > 1) {
+          await utils.addJobs(keys.map(([key]) => ({ identifier: "latency", payload: { key } })));
+        } else {
+          await utils.addJob("latency", { key: keys[0][0] });
+        }
+        const committed = Date.now() / 1000;
+        transactions++;
+        for (const [key, d] of keys) sent.push(d === null ? [key, committed] : [key, committed, d]);
+        i = j;
+        if (due === null) await sleep(spacing);
+      }
+      return { sent, ready_at: readyAt, transactions };
     }
     throw new Error(`unknown op ${JSON.stringify(op)}`);
   });

@@ -41,6 +41,8 @@ from benchmarks.scenarios.compare import (
     REPEAT_MAX_DRAIN_S,
     RESULTS,
 )
+from benchmarks.scenarios.compare.issue41 import issue41_targets
+from benchmarks.scenarios.compare.load import parse_rates
 from benchmarks.scenarios.compare.markdown import markdown
 from benchmarks.scenarios.compare.run import paired_drains, paired_enqueue, run_system
 from benchmarks.scenarios.compare.systems import SYSTEMS
@@ -58,6 +60,9 @@ NUMBERS = (  # (option, type, default, help)
     ("--idle-seconds", float, 10.0, "0: no idle run"),
     ("--idle-settle", float, 11.0, "idle seconds before the window (PostgreSQL 15 backends may"
      " hold their statistics back for up to 10 s)"),
+    ("--load-seconds", float, 5.0, "latency at load: seconds of the offered schedule (rate x"
+     " seconds messages); 0: no load run"),
+    ("--load-senders", int, 4, "latency at load: sender processes sharing the schedule"),
 )  # fmt: skip
 
 
@@ -117,6 +122,19 @@ def parse_args(argv):
         " '--concurrency 4', django-tasks-db '--no-startup-delay')",
     )
     p.add_argument("--processes", default="1,2", help="worker processes of the drain runs")
+    p.add_argument(
+        "--load-rates",
+        default="1000,50%",
+        help="latency at load: the offered rates, messages/s, or a percentage of the system's"
+        " own fastest one-process drain; 0: no load run",
+    )
+    p.add_argument(
+        "--load-batch",
+        action="store_true",
+        help="latency at load: a sender that is late sends every message due by then in one"
+        " transaction (the system's bulk API), so that a rate beyond one commit per message"
+        " can be offered; without it, one transaction per message",
+    )
     cli.add_latency(p, "0: no latency run")
     cli.add_server(p, "bench_compare", "each system's database is PREFIX_<system>")
     args = p.parse_args(argv)
@@ -134,6 +152,12 @@ def parse_args(argv):
     if unknown or not args.pgqueue_variants:
         p.error(f"--pgqueue-variants: choose from {', '.join(PGQUEUE_VARIANTS)}")
     args.processes = [int(x) for x in args.processes.split(",")]
+    try:
+        args.load_rates = parse_rates(args.load_rates)
+    except ValueError:
+        p.error(f"--load-rates {args.load_rates!r}: numbers or percentages, e.g. 1000,50%")
+    if args.load_senders < 1:
+        p.error("--load-senders must be at least 1")
     if min(args.messages, args.enqueue_messages, args.repeat, *args.processes) < 1:
         p.error("--messages, --enqueue-messages, --processes and --repeat must be at least 1")
     return args
@@ -187,6 +211,7 @@ def run(opts):
             paired_enqueue(ran["raw"], ran["pgqueue"], opts)
         report["paired_drains"] = paired_drains(ran, stats, opts)
     report["targets"] = build_targets(report["systems"], opts, report["paired_drains"])
+    report["issue41_targets"] = issue41_targets(report["systems"], report["paired_drains"])
     report["environment"]["load_average_at_end"] = os.getloadavg()
     report["elapsed_s"] = time.monotonic() - started
     text = markdown(report)

@@ -28,6 +28,72 @@ def fmt_cpu(run):
     return "-" if value is None else f"{value:.1f}" if value < 100 else f"{value:,.0f}"
 
 
+def fmt_server(run, key):
+    value = (run or {}).get(key)
+    if value is None:
+        return "-"
+    text = f"{value:.1f}" if value < 100 else f"{value:,.0f}"
+    if key == "server_cpu_us_per_job" and run.get("backends_cpu_us_per_job") is not None:
+        text += f" ({fmt_server(run, 'backends_cpu_us_per_job')})"
+    return text
+
+
+def targets_table(out, title, targets):
+    out.append(title)
+    out.append("")
+    out.append("| target | measured | required | result |")
+    out.append("|---|---|---|---|")
+    for t in targets:
+        verdict = "n/a" if t["met"] is None else ("PASS" if t["met"] else "FAIL")
+        note = f" ({t['note']})" if t["note"] else ""
+        out.append(f"| {t['target']} | {t['value']} | {t['required']} | {verdict}{note} |")
+
+
+def load_table(out, results, opts):
+    """Latency at load: one row per system and offered rate."""
+    rows = [(r, load) for r in results if r.get("status") == "ok" for load in r.get("load") or []]
+    if not rows:
+        return
+    out.append("")
+    out.append(
+        f"Latency at load: enqueues offered open loop for {opts['load_seconds']:g} s by"
+        f" {opts['load_senders']} sender processes on one schedule (each message sent when due,"
+        " one transaction each, whatever the worker does"
+        + (
+            "; a late sender sends the messages due in one transaction"
+            if opts.get("load_batch")
+            else ""
+        )
+        + "), one listening worker; commit to"
+        " handler start, and due to handler start (the senders' lag added). A percentage is"
+        " of the system's own fastest one-process drain."
+    )
+    out.append("")
+    out.append(
+        "| system | offered | offered /s | sent /s | p50 / p95 / p99 ms | from due p99 ms"
+        " | senders' lag p99 ms | lost / dup |"
+    )
+    out.append("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r, load in rows:
+        if "p50_ms" not in load:
+            problem = load.get("problem", "nothing handled")
+            out.append(f"| {r['label']} | {load['rate']} | {problem} | | | | | |")
+            continue
+        sent = f"{load['sent_per_s']:,.0f}" + ("" if load["reached"] else " (not reached)")
+        sent += " (late start)" if load["late_start"] else ""
+        sent_n = load["messages"] - load.get("unsent", 0)
+        if load.get("unsent"):
+            sent += f" ({load['unsent']:,} of {load['messages']:,} unsent)"
+        if load.get("transactions") and load["transactions"] < sent_n:
+            sent += f" ({sent_n / load['transactions']:.1f}/txn)"
+        out.append(
+            f"| {r['label']} | {load['rate']} | {load['offered_per_s']:,.0f} | {sent} |"
+            f" {load['p50_ms']:.1f} / {load['p95_ms']:.1f} / {load['p99_ms']:.1f} |"
+            f" {load['from_due']['p99_ms']:.1f} | {load['send_lag_p99_ms']:.1f} |"
+            f" {load['missing']} / {load['duplicated']} |"
+        )
+
+
 def markdown(report):
     results = report["systems"]
     by = {r["name"]: r for r in results if r.get("status") == "ok"}
@@ -54,6 +120,8 @@ def markdown(report):
         "drain 2 procs /s",
         "x raw b100 (2)",
         "worker CPU us/job, 1 / 2 procs",
+        "server CPU us/job (its backends), 1 / 2 procs",
+        "WAL B/job, 1 / 2 procs",
         "enqueue 1/txn /s",
         "x raw",
         "bulk enqueue /s",
@@ -95,6 +163,10 @@ def markdown(report):
                         fmt_rate(j2, run2),
                         fmt_ratio(j2, raw100_2),
                         " / ".join(fmt_cpu(run) for run in (run1, run2)),
+                        " / ".join(
+                            fmt_server(run, "server_cpu_us_per_job") for run in (run1, run2)
+                        ),
+                        " / ".join(fmt_server(run, "wal_bytes_per_job") for run in (run1, run2)),
                         fmt_rate(r.get("enqueue_single_per_s")),
                         fmt_ratio(r.get("enqueue_single_per_s"), raw_single),
                         fmt_rate(r.get("enqueue_bulk_per_s")),
@@ -116,6 +188,15 @@ def markdown(report):
         " processes (from wait4) per job, less each"
         " process's start-up and exit (a burst worker of the same command on an empty queue,"
         " median of 3), median of the runs; the database server's CPU is not in it."
+        " Server CPU: utime + stime (+ cutime + cstime) of every process of the PostgreSQL"
+        " server (/proc/<pid>/stat: the postmaster and its children) from before the workers"
+        " start to after their connections closed, per job, the drain monitor's backend left"
+        " out: the whole server, so its background processes and anything else it served"
+        " meanwhile count too, and the workers' connecting and start-up queries. WAL:"
+        " pg_current_wal_insert_lsn() difference over the same window, per job (the whole"
+        " server too). Both medians of the runs. (its backends): the CPU of the server"
+        " backends of the system's own database only (the workers' connections), sampled"
+        " until they exit: a lower bound, whatever else the server does."
         " Enqueue one per transaction: median of"
         f" {opts['repeat']} runs. Enqueue and latency are per system (the same on"
         " each of its rows); x raw b100 (2) compares with the raw loop with 2 processes."
@@ -138,15 +219,12 @@ def markdown(report):
             f" | {notes['worker']} | "
             f"{notes['enqueue_single']} | {notes['enqueue_bulk']} | {notes['idle']} |"
         )
+    load_table(out, results, opts)
     out.append("")
-    out.append("Targets (django-pgqueue):")
-    out.append("")
-    out.append("| target | measured | required | result |")
-    out.append("|---|---|---|---|")
-    for t in report["targets"]:
-        verdict = "n/a" if t["met"] is None else ("PASS" if t["met"] else "FAIL")
-        note = f" ({t['note']})" if t["note"] else ""
-        out.append(f"| {t['target']} | {t['value']} | {t['required']} | {verdict}{note} |")
+    targets_table(out, "Targets (django-pgqueue):", report["targets"])
+    if report.get("issue41_targets"):
+        out.append("")
+        targets_table(out, "Issue 41's targets (this run):", report["issue41_targets"])
     errors = [(r["label"], e) for r in results for e in r.get("errors", [])]
     problems = [
         (r["label"], v["label"], p, run["processes"])

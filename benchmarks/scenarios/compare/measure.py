@@ -14,6 +14,7 @@ from benchmarks.harness.monitor import DrainMonitor, wait_until
 from benchmarks.harness.numbers import distribution, median
 from benchmarks.harness.pgstats import Statements, Stats, one_line, record_statements
 from benchmarks.harness.processes import Process
+from benchmarks.harness.servercost import ServerCost
 from benchmarks.scenarios.compare import StepFailed
 from benchmarks.scenarios.compare.system import System, Variant
 
@@ -50,7 +51,13 @@ def representative(repeats: list[dict[str, Any]]) -> dict[str, Any]:
     run["peak_rss_mib"] = [max(x) for x in zip(*(r["peak_rss_mib"] for r in repeats), strict=True)]
     run["problems"] = [p for r in repeats for p in r["problems"]]
     run["timed_out"] = any(r["timed_out"] for r in repeats)
-    run["worker_cpu_us_per_job"] = median(r.get("worker_cpu_us_per_job") for r in repeats)
+    for key in (
+        "worker_cpu_us_per_job",
+        "server_cpu_us_per_job",
+        "backends_cpu_us_per_job",
+        "wal_bytes_per_job",
+    ):
+        run[key] = median(r.get(key) for r in repeats)
     run["all"] = repeats
     return run
 
@@ -111,8 +118,13 @@ def drain_run(
     xacts_before = stats.transactions(system.dbname)
     cpu_before = cpu_times()
     load_before = os.getloadavg()[0]
+    server_before = stats.server.read()  # before the monitor connects: its backend is left out
     monitor = DrainMonitor(
-        system.url, (system.claimed_sql, [first_key]), (system.empty_sql, []), adaptive=True
+        system.url,
+        (system.claimed_sql, [first_key]),
+        (system.empty_sql, []),
+        adaptive=True,
+        backends=True,
     )
     monitor.start()
     started = time.perf_counter()
@@ -176,6 +188,18 @@ def drain_run(
     worker_cpu(run, workers, startup_s)
     if not timed_out:
         stats.wait_no_clients(system.dbname)
+        # The whole server's CPU and WAL over the drain (the workers' start-up
+        # and exit included), the monitor's backend left out.
+        run.update(
+            ServerCost.per_message(
+                server_before, stats.server.read(), n, monitor.backend_cpu_s or 0.0
+            )
+        )
+        # Only the backends of the system's database (the workers'), whatever
+        # else the server does: a lower bound (each backend's last sample).
+        if (backends := monitor.backends_cpu_s) is not None:
+            run["backends_cpu_s"] = round(backends, 4)
+            run["backends_cpu_us_per_job"] = 1e6 * backends / n
         xacts = stats.transactions(system.dbname) - xacts_before - monitor.queries
         run["transactions_per_job"] = xacts / n
         if system.verify_sql:

@@ -14,6 +14,7 @@ import psycopg
 from benchmarks.harness.numbers import median, round_ratios
 from benchmarks.harness.pgstats import Stats
 from benchmarks.scenarios.compare import REPEAT_MAX_DRAIN_S, StepFailed
+from benchmarks.scenarios.compare.load import load_text, measure_load, offered_rate
 from benchmarks.scenarios.compare.measure import (
     drain_run,
     enqueue_single,
@@ -58,6 +59,15 @@ def set_up(system: System, result: Result) -> bool:
     return True
 
 
+def server_text(run: dict[str, Any]) -> str:
+    """The server's CPU and WAL per job of a drain run, for the progress lines."""
+    cpu, wal = run.get("server_cpu_us_per_job"), run.get("wal_bytes_per_job")
+    text = f", server CPU {cpu:6.1f} us/job" if cpu is not None else ""
+    if (backends := run.get("backends_cpu_us_per_job")) is not None:
+        text += f" (its backends {backends:5.1f})"
+    return text + (f", WAL {wal:5.0f} B/job" if wal is not None else "")
+
+
 def drains(system: System, stats: Stats, step: Callable[..., Any]) -> dict[str, Any]:
     """Drain throughput, 1 and 2 worker processes, per variant (each fills the
     queue with the bulk API first: that is the bulk enqueue figure)."""
@@ -89,6 +99,7 @@ def drains(system: System, stats: Stats, step: Callable[..., Any]) -> dict[str, 
                     f"  {variant.label:42} {processes}p: "
                     + (f"{jobs:9,.0f} jobs/s" if jobs else "        -")
                     + (f", worker CPU {cpu:6.1f} us/job" if cpu is not None else "")
+                    + server_text(run)
                     + f" (bulk enqueue {run['bulk_enqueue_per_s']:,.0f}/s){note}",
                     file=sys.stderr,
                 )
@@ -161,6 +172,8 @@ def run_system(system: System, stats: Stats) -> Result:
                 f"p99 {lat['p99_ms']:.2f} ms ({lat['handled']}/{lat['samples']})",
                 file=sys.stderr,
             )
+    if opts.load_rates and opts.load_seconds:
+        result["load"] = loads(system, result, step)
     if opts.idle_seconds:
         idle = step(
             "idle", lambda: measure_idle(system, stats, opts.idle_settle, opts.idle_seconds)
@@ -174,6 +187,7 @@ def run_system(system: System, stats: Stats) -> Result:
             )
     if isinstance(system, PgQueue):
         result["poll_interval_s"] = system.poll_interval
+        result["keep_finished_s"] = system.info.get("keep_finished")  # 0: no history
     rss = [
         x
         for v in result["variants"].values()
@@ -181,12 +195,38 @@ def run_system(system: System, stats: Stats) -> Result:
         for x in r["peak_rss_mib"]
     ]
     rss += [m["peak_rss_mib"] for m in (result.get("latency"), result.get("idle")) if m]
+    rss += [m["peak_rss_mib"] for m in result.get("load") or [] if "peak_rss_mib" in m]
     result["peak_rss_mib"] = max(rss) if rss else None
     try:
         system.reset()
     except psycopg.Error:
         pass
     return result
+
+
+def loads(system: System, result: Result, step: Callable[..., Any]) -> list[dict[str, Any]]:
+    """Latency at load, one run per ``--load-rates`` item (a percentage: of
+    this system's fastest one-process drain, its own)."""
+    opts = system.opts
+    best = best_variant(result)
+    drain_rate = result["variants"][best[0]]["runs"]["1"]["jobs_per_s"] if best else None
+    out = []
+    for item in opts.load_rates:
+        rate = offered_rate(item, drain_rate)
+        if not rate:
+            out.append({"rate": item, "problem": "no one-process drain rate measured"})
+            continue
+        load = step(
+            f"latency at {rate:,.0f}/s offered",
+            lambda r=rate: measure_load(
+                system, r, opts.load_seconds, opts.load_senders, drain_rate, opts.load_batch
+            ),
+        )
+        if load:
+            load["rate"] = item
+            out.append(load)
+            print(f"  latency at load: {load_text(load)}", file=sys.stderr)
+    return out
 
 
 Ran = dict[str, tuple[System, Result]]
@@ -237,7 +277,8 @@ def paired_drains(ran: Ran, stats: Stats, opts: Any) -> dict[str, Any] | None:
     apart, and this machine's speed moves by a third within minutes, so a
     ratio of two such runs measures the moment as much as the systems. The
     targets take the median of the rounds' ratios; the table keeps the main
-    runs. Each round also records the workers' CPU per job (``cpu_rounds``)."""
+    runs. Each round also records the workers' CPU per job (``cpu_rounds``)
+    and the server's CPU and WAL per job (``server_rounds``)."""
     entries = []
     for name in ("raw", "pgqueue"):
         if name in ran and ran[name][1].get("status") == "ok":
@@ -251,9 +292,9 @@ def paired_drains(ran: Ran, stats: Stats, opts: Any) -> dict[str, Any] | None:
     if not any(name == "pgqueue" for name, _ in entries) or len(entries) < 3:
         return None
     print("\n== one-process drains again, in turn (for the targets' ratios)", file=sys.stderr)
-    rounds, cpu_rounds = [], []
+    rounds, cpu_rounds, server_rounds = [], [], []
     for i in range(opts.repeat):
-        rates, cpu = {}, {}
+        rates, cpu, server = {}, {}, {}
         for name, key in entries:
             system = ran[name][0]
             variant = next(v for v in system.variants() if v.key == key)
@@ -268,10 +309,21 @@ def paired_drains(ran: Ran, stats: Stats, opts: Any) -> dict[str, Any] | None:
                 return None
             rates[f"{name}/{key}"] = run["jobs_per_s"]
             cpu[f"{name}/{key}"] = run.get("worker_cpu_us_per_job")
+            server[f"{name}/{key}"] = [
+                run.get("server_cpu_us_per_job"),
+                run.get("wal_bytes_per_job"),
+            ]
         rounds.append(rates)
         cpu_rounds.append(cpu)
+        server_rounds.append(server)
         print("  " + ", ".join(f"{k} {v:,.0f}/s" for k, v in rates.items()), file=sys.stderr)
-    return {"entries": [f"{n}/{k}" for n, k in entries], "rounds": rounds, "cpu_rounds": cpu_rounds}
+    return {
+        "entries": [f"{n}/{k}" for n, k in entries],
+        "rounds": rounds,
+        "cpu_rounds": cpu_rounds,
+        # [server CPU us, WAL bytes] per message of each drain of each round
+        "server_rounds": server_rounds,
+    }
 
 
 def paired_ratio(

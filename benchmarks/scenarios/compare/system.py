@@ -197,6 +197,26 @@ class System:
     def client_env(self) -> dict[str, str]:
         return self.env()
 
+    def start_client(self, op: str, *args: Any, log_name: str) -> Process:
+        """One operation of the client script, in the background (several run
+        at once: the senders of an offered load); ``client_answer`` reads it."""
+        return Process(
+            [self.python, PEERS / self.script, op, *args],
+            env=self.client_env(),
+            cwd=HERE,
+            log_path=self.opts.log_dir / f"{self.name}-{log_name}.log",
+        )
+
+    def client_answer(self, process: Process, timeout: float) -> dict[str, Any]:
+        """The JSON answer of a ``start_client`` operation, once it exited."""
+        code = process.wait(timeout)
+        if code != 0:
+            raise StepFailed(f"{self.name} {process.argv[2]} exited {code}:\n{process.log_tail(8)}")
+        lines = [ln for ln in process.log_text().splitlines() if ln.startswith("{")]
+        if not lines:
+            raise StepFailed(f"{self.name} {process.argv[2]}: no JSON answer")
+        return json.loads(lines[-1])
+
     # -- workers --
 
     def worker_argv(self, variant: Variant | None, burst: bool) -> list[Any]:
