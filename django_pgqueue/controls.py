@@ -64,7 +64,9 @@ def paused_queues() -> list[str]:
     paused = []
     for alias in conf.databases():  # each queue's row is on its own database
         rows = QueueState.objects.using(alias).filter(paused=True)
-        paused += [n for n in rows.values_list("name", flat=True) if conf.queue_database(n) == alias]
+        paused += [
+            n for n in rows.values_list("name", flat=True) if conf.queue_database(n) == alias
+        ]
     return sorted(paused)
 
 

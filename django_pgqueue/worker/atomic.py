@@ -205,15 +205,20 @@ class AtomicBatches:
             drop_broken_connections()
             logger.warning(
                 "Worker %s: a batch of %s atomic handler(s) could not commit (%s); "
-                "their leases expire and the messages run again",
+                "the messages run again (handed back once the database answers when "
+                "the connection died, else after their lease)",
                 self.config.worker_id,
                 len(succeeded),
                 first_line(exc),
             )
             for job in succeeded:
                 job.uncommitted = False
+                self.outcomes.lost_connection(job, exc)
                 runner.finished(job, LOST)
             succeeded = []
+            for job in self.ledger.in_flight(batch):
+                if not any(job is j for j, _ in failed):  # (recorded below)
+                    self.outcomes.lost_connection(job, exc)
         finally:
             drop_broken_connections()
         for job in succeeded:

@@ -47,6 +47,7 @@ from django_pgqueue.worker.acks import Acks
 from django_pgqueue.worker.claiming import Claimer
 from django_pgqueue.worker.config import Metrics, WorkerConfig
 from django_pgqueue.worker.controls import QueueControls
+from django_pgqueue.worker.cutoff import CutOff
 from django_pgqueue.worker.event_loop import EventLoop
 from django_pgqueue.worker.executor import Executor
 from django_pgqueue.worker.heartbeat import Heartbeat
@@ -116,7 +117,15 @@ class Worker:
         self._ledger = Ledger(config, self._pool.stuck)
         self._controls = QueueControls(config, self._ledger, self._wakeup)
         self._summary = Summary(config.worker_id, config.log_summary_interval, self._ledger.count)
-        outcomes = Outcomes(config.worker_id, metrics, self._controls, summary=self._summary)
+        # Runs that died with their connection: handed back once it is back.
+        self._cut_off = CutOff(config.worker_id, config.lease_seconds, self._wakeup.set)
+        outcomes = Outcomes(
+            config.worker_id,
+            metrics,
+            self._controls,
+            summary=self._summary,
+            cut_off=self._cut_off.add,
+        )
         self._acks = Acks(config.worker_id, self._ledger, self._wakeup, outcomes)
         self._executor = Executor(
             config, self._ledger, self._pool, self._wakeup, self._acks, outcomes, metrics
@@ -252,6 +261,8 @@ class Worker:
             self._loop_seen = time.monotonic()
             self._summary.log_if_due(self._loop_seen)
             try:
+                if self._cut_off.due():  # (the database answers again, or it raises)
+                    self._cut_off.hand_back()
                 self._controls.refresh()  # paused queues, limits: when they changed
                 claim = claimer.wanted(ready)
                 if not claim:
