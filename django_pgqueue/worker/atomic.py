@@ -203,14 +203,15 @@ class AtomicBatches:
             succeeded = []
         except BaseException as exc:  # noqa: BLE001  (the database failed under the batch)
             drop_broken_connections()
-            logger.warning(
-                "Worker %s: a batch of %s atomic handler(s) could not commit (%s); "
-                "the messages run again (handed back once the database answers when "
-                "the connection died, else after their lease)",
-                self.config.worker_id,
-                len(succeeded),
-                first_line(exc),
-            )
+            if succeeded:  # (the failed ones' failures are recorded below)
+                logger.warning(
+                    "Worker %s: a batch of %s atomic handler(s) could not commit (%s); "
+                    "the messages run again (handed back once the database answers when "
+                    "the connection died, else after their lease)",
+                    self.config.worker_id,
+                    len(succeeded),
+                    first_line(exc),
+                )
             for job in succeeded:
                 job.uncommitted = False
                 self.outcomes.lost_connection(job, exc)
