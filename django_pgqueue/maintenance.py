@@ -266,6 +266,31 @@ def rescue_cut_off(
     return result, locked
 
 
+def rescue_orphans(
+    worker_id: str, held: Collection[int], reason: str, now: datetime.datetime | None = None
+) -> RescueResult:
+    """Return the messages that the database says ``worker_id`` holds and the
+    worker does not (ids not in ``held``), as the rescue returns lost runs,
+    without waiting for their leases. After a lost connection they are
+    those whose claim committed without the worker learning of it (the
+    reply was lost), and, after a failover to an asynchronous standby, those
+    whose outcome (an acknowledgement, a retry) the old primary had not
+    streamed: the worker believes them finished, the new primary has them
+    running. The caller makes sure that no claim of its own is under way:
+    a claim's rows are held once it returns. Rows locked by another
+    transaction are skipped."""
+    using = conf.database_alias()
+    with timeouts_sql.worker_transaction(using):
+        orphans = list(
+            Message.objects.using(using)
+            .select_for_update(skip_locked=True)
+            .filter(status=Status.PROCESSING, locked_by=worker_id)
+            .exclude(pk__in=list(held))
+            .defer("payload", "headers")  # (as above)
+        )
+        return _rescue(orphans, lambda message: reason, now)
+
+
 def _rescue(
     messages: list[Message],
     reason_of: Callable[[Message], str],

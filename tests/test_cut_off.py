@@ -6,6 +6,7 @@ a failover, are in tests/test_failover.py."""
 
 import datetime
 import uuid
+from types import SimpleNamespace
 
 import psycopg
 import pytest
@@ -22,6 +23,11 @@ from .conftest import raw_connection
 pytestmark = pytest.mark.django_db(transaction=True)
 
 NOW = datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC)
+
+
+def config(worker_id):
+    """What CutOff reads of the worker's configuration."""
+    return SimpleNamespace(worker_id=worker_id, lease_seconds=60)
 
 
 def reread(message):
@@ -68,7 +74,7 @@ def test_the_cut_off_runs_go_back_at_once_and_only_under_their_lease(make_messag
 def test_a_row_still_locked_by_the_cut_off_transaction_is_skipped_and_tried_again(make_message):
     message = make_message(status=Status.PROCESSING, locked_by="w")
     woken = []
-    cut_off = CutOff("w", lease_seconds=60, wake=lambda: woken.append(1))
+    cut_off = CutOff(config("w"), wake=lambda: woken.append(1), held_ids=set)
     cut_off.add(job_of(message))
     assert woken and cut_off.due()
     with raw_connection() as zombie:  # the old backend's acknowledgement, not committed yet
@@ -84,7 +90,7 @@ def test_a_row_still_locked_by_the_cut_off_transaction_is_skipped_and_tried_agai
 
 def test_a_cut_off_run_whose_transaction_rolled_back_is_handed_back(make_message):
     message = make_message(status=Status.PROCESSING, locked_by="w")
-    cut_off = CutOff("w", lease_seconds=60, wake=lambda: None)
+    cut_off = CutOff(config("w"), wake=lambda: None, held_ids=set)
     cut_off.add(job_of(message))
     with raw_connection() as zombie:
         zombie.execute("DELETE FROM django_pgqueue_message WHERE id = %s", [message.pk])
@@ -93,6 +99,29 @@ def test_a_cut_off_run_whose_transaction_rolled_back_is_handed_back(make_message
     cut_off._next_try = 0.0
     cut_off.hand_back()
     assert not cut_off._held and reread(message).status == Status.WAITING
+
+
+def test_the_sweep_hands_back_the_leases_of_the_worker_that_it_does_not_hold(make_message):
+    """After a lost connection: a claim whose reply never came, or (after a
+    failover to an asynchronous standby) an outcome the new primary lacks,
+    leaves rows leased to the worker that it does not hold."""
+    held = make_message(status=Status.PROCESSING, locked_by="w")
+    orphan = make_message(status=Status.PROCESSING, locked_by="w", attempts=2)
+    locked = make_message(status=Status.PROCESSING, locked_by="w")
+    others = make_message(status=Status.PROCESSING, locked_by="w2")
+    cut_off = CutOff(config("w"), wake=lambda: None, held_ids=lambda: {held.pk})
+    assert not cut_off.due()
+    with raw_connection() as other:  # someone holds this row: skipped, not waited for
+        other.execute("SELECT 1 FROM django_pgqueue_message WHERE id = %s FOR UPDATE", [locked.pk])
+        cut_off.hand_back_if_due(after_error=True)  # the loop's last round failed
+        other.rollback()
+    assert not cut_off.due(), "one sweep per lost connection"
+    row = reread(orphan)
+    assert (row.status, row.attempts, row.lease_token) == (Status.WAITING, 2, None)
+    assert row.last_error.startswith(lifecycle.CONNECTION_LOST)
+    assert reread(held).lease_token == held.lease_token, "a message it holds is its own to finish"
+    assert reread(locked).status == Status.PROCESSING
+    assert reread(others).lease_token == others.lease_token, "another worker's are untouched"
 
 
 def job_of(message):

@@ -31,6 +31,7 @@ from collections.abc import Callable
 
 from django_pgqueue import lifecycle, maintenance
 from django_pgqueue.models import Message
+from django_pgqueue.worker.config import WorkerConfig
 from django_pgqueue.worker.job import Job
 
 logger = logging.getLogger(__package__)
@@ -39,13 +40,23 @@ logger = logging.getLogger(__package__)
 RETRY_LOCKED = 1.0
 
 REASON = f"{lifecycle.CONNECTION_LOST}: the worker's connection to the database died under the run"
+ORPHAN_REASON = (
+    f"{lifecycle.CONNECTION_LOST}: the worker's connection to the database died, and the "
+    "worker held no run of it (the claim's reply, or the run's outcome, was lost with it)"
+)
 
 
 class CutOff:
-    def __init__(self, worker_id: str, lease_seconds: float, wake: Callable[[], None]) -> None:
-        self._worker_id = worker_id
-        self._lease_seconds = lease_seconds
+    def __init__(
+        self, config: WorkerConfig, wake: Callable[[], None], held_ids: Callable[[], set[int]]
+    ) -> None:
+        self._worker_id = config.worker_id
+        self._lease_seconds = config.lease_seconds
         self._wake = wake  # wakes the main loop
+        self._held_ids = held_ids  # the ids of the messages the worker holds (Ledger)
+        # A connection died: look once for leases of ours that we do not
+        # hold (the sweep), when the database answers again.
+        self._sweep = False
         self._lock = threading.Lock()
         # message id -> (the message, time.monotonic() when its run was cut off)
         self._held: dict[int, tuple[Message, float]] = {}
@@ -59,17 +70,33 @@ class CutOff:
         with self._lock:
             self._held.setdefault(job.message.pk, (job.message, time.monotonic()))
             self._next_try = 0.0
+            self._sweep = True
         self._wake()
 
     def due(self) -> bool:
         """Whether there is something to hand back now (no lock: the main
         loop asks every round)."""
-        return bool(self._held) and time.monotonic() >= self._next_try
+        return (self._sweep or bool(self._held)) and time.monotonic() >= self._next_try
+
+    def hand_back_if_due(self, after_error: bool = False) -> None:
+        """The main loop, each round: hand back what is due; ``after_error``
+        (its last round failed on the database), sweep first."""
+        if after_error:
+            self._sweep = True
+        if self.due():
+            self.hand_back()
 
     def hand_back(self) -> None:
         """Return the cut-off runs' messages to the queue (one transaction);
         a DatabaseError (the database is still away) leaves them for the
         next round."""
+        if self._sweep:
+            self._sweep = False
+            try:
+                self._hand_back_orphans()
+            except BaseException:
+                self._sweep = True
+                raise
         with self._lock:
             held = dict(self._held)
         if not held:
@@ -97,5 +124,24 @@ class CutOff:
                 f"; {len(locked)} still locked by the cut-off transaction, tried again"
                 if locked
                 else "",
+                extra={"state": "handed_back", "count": returned},
+            )
+
+    def _hand_back_orphans(self) -> None:
+        """The sweep: the leases that the database gives this worker and
+        that it does not hold (maintenance.rescue_orphans). Runs on the main
+        loop, between its claims: every claimed message is held by then."""
+        result = maintenance.rescue_orphans(self._worker_id, self._held_ids(), ORPHAN_REASON)
+        returned = result.requeued + result.dead_lettered + result.cancelled
+        if returned:
+            logger.warning(
+                "Worker %s: handed back %s message(s) that the database had leased to it and "
+                "it did not hold (a claim or an outcome lost with the connection; requeued "
+                "%s, dead-lettered %s, cancelled %s)",
+                self._worker_id,
+                returned,
+                result.requeued,
+                result.dead_lettered,
+                result.cancelled,
                 extra={"state": "handed_back", "count": returned},
             )
