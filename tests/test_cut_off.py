@@ -151,3 +151,30 @@ def test_what_counts_as_a_lost_connection():
     assert not connection_lost(wrapped(psycopg.errors.QueryCanceled("statement timeout")))
     assert not connection_lost(wrapped(psycopg.errors.UniqueViolation("duplicate key")))
     assert not connection_lost(ValueError("not a database error"))
+
+
+def test_a_multi_host_database_url_reaches_psycopg_as_libpq_takes_it():
+    """docs/howto/failover.rst: django-environ reads a URL naming several
+    servers into HOST and PORT lists and OPTIONS, which Django hands to
+    psycopg as they are (the failover tests connect through one)."""
+    import environ
+    from django.db.backends.postgresql.base import DatabaseWrapper
+
+    url = "postgres://shop@10.0.0.1:5432,10.0.0.2:5433/shop?target_session_attrs=read-write&connect_timeout=3"
+    settings = environ.Env.db_url_config(url)
+    assert (settings["HOST"], settings["PORT"]) == ("10.0.0.1,10.0.0.2", "5432,5433")
+    assert settings["OPTIONS"] == {"target_session_attrs": "read-write", "connect_timeout": 3}
+    settings.update(
+        {"ATOMIC_REQUESTS": False, "AUTOCOMMIT": True, "CONN_MAX_AGE": 0, "TIME_ZONE": None}
+    )
+    settings.update({"CONN_HEALTH_CHECKS": False, "TEST": {}})
+    params = DatabaseWrapper(settings).get_connection_params()
+    assert (params["host"], params["port"]) == ("10.0.0.1,10.0.0.2", "5432,5433")
+    assert params["target_session_attrs"] == "read-write"
+    attempts = psycopg.conninfo.conninfo_attempts(
+        {k: v for k, v in params.items() if isinstance(v, str | int)}
+    )
+    assert [(a["host"], a["port"]) for a in attempts] == [
+        ("10.0.0.1", "5432"),
+        ("10.0.0.2", "5433"),
+    ]
