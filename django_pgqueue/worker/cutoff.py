@@ -131,7 +131,9 @@ class CutOff:
         """The sweep: the leases that the database gives this worker and
         that it does not hold (maintenance.rescue_orphans). Runs on the main
         loop, between its claims: every claimed message is held by then."""
-        result = maintenance.rescue_orphans(self._worker_id, self._held_ids(), ORPHAN_REASON)
+        # (The runs cut off are handed back next, with their own reason.)
+        held = self._held_ids() | set(self._held)
+        result = maintenance.rescue_orphans(self._worker_id, held, ORPHAN_REASON)
         returned = result.requeued + result.dead_lettered + result.cancelled
         if returned:
             logger.warning(

@@ -29,6 +29,20 @@ class Failover:
         self.last_handled = None  # the ledger's last id at the promotion
         self.figures = {}
 
+    def busy(self):
+        """Whether the workers hold messages (the failover waits for that:
+        on a loaded machine they may still be starting)."""
+        from django.db import connection
+
+        def count():
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT count(*) FROM django_pgqueue_message WHERE status = 'processing'"
+                )
+                return cursor.fetchone()[0]
+
+        return with_retry(count, "counting the leases") > 0
+
     def perform(self):
         """Kill the primary, promote the standby (once)."""
         from django.db import connection

@@ -296,7 +296,7 @@ def run(args, failover=None):
         # Faults go on while there is work; a round that has begun finishes.
         busy = enqueuing or pending is None or pending > 0
         if failover is not None:
-            if not failover.performed and wave > args.waves // 2:
+            if not failover.performed and wave > args.waves // 2 and failover.busy():
                 failover.perform()
                 faults.exposed += len(failover.in_flight)
             with_retry(failover.measure, "measuring the failover")
