@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from django.db import DatabaseError
 
 from django_pgqueue import lifecycle, policy, signals, tracing
-from django_pgqueue.db import connection_lost, drop_broken_connections
+from django_pgqueue.db import connection_lost, drop_broken_connections, first_line
 from django_pgqueue.exceptions import Retry, describe
 from django_pgqueue.models import Category, Message
 from django_pgqueue.observability.metrics import CANCELLED as CANCELLED_OUTCOME
@@ -141,15 +141,15 @@ class Outcomes:
                     self.summary.count(DEAD_LETTERED)
                 if job.span is not None:
                     tracing.dead_lettered(job.span, category, reason)
-        except DatabaseError as error:
+        except DatabaseError as db_error:
             drop_broken_connections()
-            if self.lost_connection(job, error):
+            if self.lost_connection(job, db_error):
                 logger.warning(
                     "Message id=%s topic=%s: could not record the failure, the database is "
                     "unreachable (%s); it is handed back once it answers",
                     message.pk,
                     message.topic,
-                    error,
+                    first_line(db_error),
                 )
                 return LOST
             logger.exception(
@@ -171,9 +171,9 @@ class Outcomes:
         try:
             if not lifecycle.cancel_running(message, error, self.worker_id):
                 return LOST
-        except DatabaseError as error:
+        except DatabaseError as db_error:
             drop_broken_connections()
-            if self.lost_connection(job, error):
+            if self.lost_connection(job, db_error):
                 return LOST
             logger.exception(
                 "Message id=%s topic=%s: could not record its cancellation; its lease will "
