@@ -350,7 +350,7 @@ def report(result):
     if failover and failover.get("performed"):
         lost = "must be 0" if failover["mode"] == "sync" else "the asynchronous window"
         lines[-1:-1] = [
-            f"failover ({failover['mode']})             {failover['in_flight_at_kill']:,} leased"
+            f"{'failover (' + failover['mode'] + ')':28}{failover['in_flight_at_kill']:,} leased"
             f" at the kill, promoted in {failover['kill_to_promoted_s']:.2f} s",
             f"  after the promotion         workers connected"
             f" {failover.get('promoted_to_workers_reconnected_s', '-')} s, first handled"
