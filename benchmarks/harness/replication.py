@@ -73,7 +73,13 @@ def make_standby(primary, name=STANDBY_NAME, synchronous=False, timeout=60.0):
         )
         # The walreceiver names itself by cluster_name: the name that
         # synchronous_standby_names and pg_stat_replication know it by.
-        standby.extra_settings = {"cluster_name": f"'{name}'", "hot_standby": "on"}
+        standby.extra_settings = {
+            "cluster_name": f"'{name}'",
+            "hot_standby": "on",
+            # Once the primary is gone the startup process retries the stream
+            # this often; a promotion waits for its nap (5 s by default).
+            "wal_retrieve_retry_interval": "'100ms'",
+        }
         standby._start_guardian()
         standby._start()
     except BaseException:
