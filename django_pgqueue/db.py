@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
-from django.db import connections
+from django.db import InterfaceError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.postgresql.base import ServerBindingCursor
 from django.db.backends.utils import CursorWrapper
@@ -121,6 +121,32 @@ def drop_broken_connections() -> None:
             connection.close()
         else:
             connection.errors_occurred = False
+
+
+# SQLSTATEs of a connection that is gone: class 08 (connection exception),
+# and the server ending the session (pg_terminate_backend, a shutdown or a
+# crash, a server that takes no sessions yet).
+_CONNECTION_GONE = ("57P01", "57P02", "57P03")
+
+
+def connection_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` (a Django DatabaseError, or anything that wraps one)
+    says the connection died: a reset, the server or its backend gone, a
+    server that refuses the session (a standby when the database asks for
+    a read-write one), or the error of a connection already closed. Not a
+    statement's failure on a live connection (a lock or statement timeout,
+    a constraint)."""
+    seen: set[int] = set()
+    error: BaseException | None = exc
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, (psycopg.InterfaceError, InterfaceError)):
+            return True  # "the connection is closed"
+        if isinstance(error, psycopg.OperationalError):
+            state = error.sqlstate
+            return state is None or state.startswith("08") or state in _CONNECTION_GONE
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def lock_timed_out(exc: BaseException) -> bool:

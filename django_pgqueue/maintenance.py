@@ -27,7 +27,7 @@ import datetime
 import logging
 import os
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from django.db import connections
@@ -39,6 +39,7 @@ from django_pgqueue.models import Category, Message, QueueStart, Status, WorkerH
 from django_pgqueue.sql import history as history_sql
 from django_pgqueue.sql import maintenance as maintenance_sql
 from django_pgqueue.sql import timeouts as timeouts_sql
+from django_pgqueue.sql.acks import ids_by_token
 
 logger = logging.getLogger(__name__)
 
@@ -230,30 +231,94 @@ def rescue_expired(now: datetime.datetime | None = None, limit: int = 1000) -> R
             .order_by(F("lease_expires_at").asc(nulls_first=True))[:limit]
         )
         beats = _last_beats({m.locked_by for m in expired if m.locked_by}, using)
-        requeue: list[Message] = []
-        exhausted: list[Message] = []
-        cancelled = 0
-        for message in expired:
-            if message.cancel_requested_at is not None:
-                # Its cancellation was asked: it never runs again.
-                cancelled += lifecycle.cancel_running(
-                    message, f"cancelled: {_lost_reason(message, beats)}", now=now
-                )
-                continue
-            spec = registry.lookup(message.topic)
-            limit_reached = message.attempts >= policy.max_attempts_for(message, spec)
-            (exhausted if limit_reached else requeue).append(message)
-        requeued = sum(
-            lifecycle.requeue_lost(message, _lost_reason(message, beats), now)
-            for message in requeue
+        return _rescue(expired, lambda message: _lost_reason(message, beats), now)
+
+
+def rescue_cut_off(
+    messages: Collection[Message], reason: str, now: datetime.datetime | None = None
+) -> tuple[RescueResult, set[int]]:
+    """Return ``messages`` at once, whose runs died with their worker's
+    connection to the database (a failover, a network cut,
+    ``pg_terminate_backend``), as the rescue returns a lost run without
+    waiting for the lease to expire: back to the queue due now, ``reason``
+    recorded as a TRANSIENT failure, the attempt counted; dead-lettered on
+    their last attempt; cancelled if that was asked.
+
+    Only the rows still ``processing`` under the messages' lease tokens
+    change: a run whose transaction committed before the connection died
+    (its acknowledgement deleted the row) is never handed back. Rows that
+    another transaction holds locked are skipped (SKIP LOCKED): the
+    cut-off backend's own transaction, still open on the server, may yet
+    commit. Returns what was done, and the ids of those skipped: still
+    under their lease, to try again."""
+    using = conf.database_alias()
+    held = Q(pk__in=[])
+    for token, ids in ids_by_token(messages).items():
+        if token is not None:
+            held |= Q(pk__in=ids, lease_token=token)
+    rows = Message.objects.using(using).filter(held, status=Status.PROCESSING)
+    with timeouts_sql.worker_transaction(using):
+        found = list(
+            rows.select_for_update(skip_locked=True).defer("payload", "headers")  # (as above)
         )
-        dead_lettered = 0
-        for message in exhausted:
-            reason = f"{_lost_reason(message, beats)} on the last of {message.attempts} attempts"
-            dead = lifecycle.dead_letter(
-                message, Category.TRANSIENT, reason, worker=message.locked_by, now=now
+        result = _rescue(found, lambda message: reason, now)
+        locked = set(rows.exclude(pk__in=[m.pk for m in found]).values_list("pk", flat=True))
+    return result, locked
+
+
+def rescue_orphans(
+    worker_id: str, held: Collection[int], reason: str, now: datetime.datetime | None = None
+) -> RescueResult:
+    """Return the messages that the database says ``worker_id`` holds and the
+    worker does not (ids not in ``held``), as the rescue returns lost runs,
+    without waiting for their leases. After a lost connection they are
+    those whose claim committed without the worker learning of it (the
+    reply was lost), and, after a failover to an asynchronous standby, those
+    whose outcome (an acknowledgement, a retry) the old primary had not
+    streamed: the worker believes them finished, the new primary has them
+    running. The caller makes sure that no claim of its own is under way:
+    a claim's rows are held once it returns. Rows locked by another
+    transaction are skipped."""
+    using = conf.database_alias()
+    with timeouts_sql.worker_transaction(using):
+        orphans = list(
+            Message.objects.using(using)
+            .select_for_update(skip_locked=True)
+            .filter(status=Status.PROCESSING, locked_by=worker_id)
+            .exclude(pk__in=list(held))
+            .defer("payload", "headers")  # (as above)
+        )
+        return _rescue(orphans, lambda message: reason, now)
+
+
+def _rescue(
+    messages: list[Message],
+    reason_of: Callable[[Message], str],
+    now: datetime.datetime | None,
+) -> RescueResult:
+    """Requeue, dead-letter or cancel ``messages``, whose runs were lost,
+    locked by the caller's transaction (``reason_of(message)``: why)."""
+    requeue: list[Message] = []
+    exhausted: list[Message] = []
+    cancelled = 0
+    for message in messages:
+        if message.cancel_requested_at is not None:
+            # Its cancellation was asked: it never runs again.
+            cancelled += lifecycle.cancel_running(
+                message, f"cancelled: {reason_of(message)}", now=now
             )
-            dead_lettered += dead is not None
+            continue
+        spec = registry.lookup(message.topic)
+        limit_reached = message.attempts >= policy.max_attempts_for(message, spec)
+        (exhausted if limit_reached else requeue).append(message)
+    requeued = sum(lifecycle.requeue_lost(message, reason_of(message), now) for message in requeue)
+    dead_lettered = 0
+    for message in exhausted:
+        reason = f"{reason_of(message)} on the last of {message.attempts} attempts"
+        dead = lifecycle.dead_letter(
+            message, Category.TRANSIENT, reason, worker=message.locked_by, now=now
+        )
+        dead_lettered += dead is not None
     return RescueResult(requeued=requeued, dead_lettered=dead_lettered, cancelled=cancelled)
 
 

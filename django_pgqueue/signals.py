@@ -41,7 +41,10 @@ message_enqueued = Signal()
 message_done = Signal()
 
 # A failed message was scheduled to run again, or maintenance returned a run
-# lost with its worker (``lost=True``, ``worker`` the lost one, ``delay`` 0).
+# lost with its worker, or a worker handed back a run cut off by its lost
+# database connection (``lost=True``, ``worker`` the one that held it,
+# ``delay`` 0, ``reason`` starting "worker lost", "lease expired" or
+# "connection lost").
 # Arguments: ``message``, ``category``, ``reason``, ``delay`` (seconds),
 # ``worker``, ``lost``.
 message_retried = Signal()

@@ -205,6 +205,8 @@ class ThrowawayCluster:
         self.user = user
         self._guardian = None
         self._closed = False
+        # More postgresql.conf settings (a standby's cluster_name: replication.py).
+        self.extra_settings = {}
 
     @classmethod
     def create(cls, major=None, prefix="pgqueue-throwaway-pg-"):
@@ -224,21 +226,7 @@ class ThrowawayCluster:
         return cluster
 
     def _initdb(self):
-        if os.geteuid() == 0:
-            # initdb refuses root: the directory goes to the postgres user.
-            try:
-                owner = pwd.getpwnam("postgres")
-            except KeyError:
-                raise ClusterError(
-                    "running as root, and there is no `postgres` OS user to run"
-                    " PostgreSQL as (PostgreSQL refuses root)"
-                ) from None
-            os.chown(self.base, owner.pw_uid, owner.pw_gid)
-        self.base.chmod(0o700)
-        self.socket_dir.mkdir()
-        self.log_path.touch()
-        for path in (self.socket_dir, self.log_path):
-            os.chown(path, self.base.stat().st_uid, self.base.stat().st_gid)
+        self._prepare_base()
         _run(
             as_owner(
                 [
@@ -260,6 +248,25 @@ class ThrowawayCluster:
             cwd=self.base,
         )
 
+    def _prepare_base(self):
+        """The base directory, its socket directory and log, owned by the
+        user the server runs as."""
+        if os.geteuid() == 0:
+            # initdb refuses root: the directory goes to the postgres user.
+            try:
+                owner = pwd.getpwnam("postgres")
+            except KeyError:
+                raise ClusterError(
+                    "running as root, and there is no `postgres` OS user to run"
+                    " PostgreSQL as (PostgreSQL refuses root)"
+                ) from None
+            os.chown(self.base, owner.pw_uid, owner.pw_gid)
+        self.base.chmod(0o700)
+        self.socket_dir.mkdir()
+        self.log_path.touch()
+        for path in (self.socket_dir, self.log_path):
+            os.chown(path, self.base.stat().st_uid, self.base.stat().st_gid)
+
     def _configure(self, port):
         self.port = port
         conf = self.datadir / "postgresql.conf"
@@ -269,6 +276,7 @@ class ThrowawayCluster:
             "unix_socket_directories": f"'{self.socket_dir}'",
             "max_connections": "100",
             "log_line_prefix": "'%m [%p] '",
+            **self.extra_settings,
         }
         text = conf.read_text()
         text = re.sub(r"(?m)^# throwaway:.*\Z", "", text, flags=re.S)

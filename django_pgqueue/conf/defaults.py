@@ -73,7 +73,9 @@ DEFAULTS: dict[str, Any] = {
     "CLASSIFIER": None,
     # Lease (visibility timeout) in seconds. The worker's heartbeat extends it
     # every quarter lease while a handler runs; a crashed worker's messages
-    # come back after about one lease.
+    # come back after about one lease. A run cut off by the worker's lost
+    # database connection (a failover, a network cut) does not wait for it:
+    # the worker hands the message back once it reaches the database again.
     "LEASE_SECONDS": 60.0,
     # Seconds between polls when no notification arrives (jittered +-10%).
     "POLL_INTERVAL": 5.0,

@@ -43,6 +43,7 @@ from django_pgqueue.lifecycle.claim import (
 )
 from django_pgqueue.lifecycle.deadletter import dead_letter
 from django_pgqueue.lifecycle.guards import (
+    CONNECTION_LOST,
     LEASE_EXPIRED,
     LEASE_MISSING,
     LOST_RUN_REASONS,
@@ -52,6 +53,7 @@ from django_pgqueue.lifecycle.guards import (
 from django_pgqueue.lifecycle.requeue import release, requeue_lost, retry_later, run_now
 
 __all__ = [
+    "CONNECTION_LOST",
     "LEASE_EXPIRED",
     "LEASE_MISSING",
     "LOST_RUN_REASONS",

@@ -23,11 +23,14 @@ logger = logging.getLogger("django_pgqueue.lifecycle")
 
 # The first words of the error a lost run records (requeue_lost, and the
 # reason of a dead letter whose last run was lost): its worker stopped
-# beating; its worker beats but the lease ran out; or the row had no lease.
+# beating; its worker beats but the lease ran out; the row had no lease; or
+# its worker's connection to the database died under the run, and the worker
+# handed it back once connected again (maintenance.rescue_cut_off).
 WORKER_LOST = "worker lost"
 LEASE_EXPIRED = "lease expired"
 LEASE_MISSING = "lease missing"
-LOST_RUN_REASONS = (WORKER_LOST, LEASE_EXPIRED, LEASE_MISSING)
+CONNECTION_LOST = "connection lost"
+LOST_RUN_REASONS = (WORKER_LOST, LEASE_EXPIRED, LEASE_MISSING, CONNECTION_LOST)
 
 # The attribute of a claimed Message whose payload or headers Python could
 # not load: why (see claim.message_from_row).

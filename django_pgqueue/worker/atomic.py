@@ -203,17 +203,23 @@ class AtomicBatches:
             succeeded = []
         except BaseException as exc:  # noqa: BLE001  (the database failed under the batch)
             drop_broken_connections()
-            logger.warning(
-                "Worker %s: a batch of %s atomic handler(s) could not commit (%s); "
-                "their leases expire and the messages run again",
-                self.config.worker_id,
-                len(succeeded),
-                first_line(exc),
-            )
+            if succeeded:  # (the failed ones' failures are recorded below)
+                logger.warning(
+                    "Worker %s: a batch of %s atomic handler(s) could not commit (%s); "
+                    "the messages run again (handed back once the database answers when "
+                    "the connection died, else after their lease)",
+                    self.config.worker_id,
+                    len(succeeded),
+                    first_line(exc),
+                )
             for job in succeeded:
                 job.uncommitted = False
+                self.outcomes.lost_connection(job, exc)
                 runner.finished(job, LOST)
             succeeded = []
+            for job in self.ledger.in_flight(batch):
+                if not any(job is j for j, _ in failed):  # (recorded below)
+                    self.outcomes.lost_connection(job, exc)
         finally:
             drop_broken_connections()
         for job in succeeded:

@@ -46,6 +46,7 @@ from django_pgqueue.worker.acks import Acks
 from django_pgqueue.worker.claiming import Claimer
 from django_pgqueue.worker.config import Metrics, WorkerConfig
 from django_pgqueue.worker.controls import QueueControls
+from django_pgqueue.worker.cutoff import CutOff
 from django_pgqueue.worker.event_loop import EventLoop
 from django_pgqueue.worker.executor import Executor
 from django_pgqueue.worker.heartbeat import Heartbeat
@@ -117,7 +118,8 @@ class Worker:
         self._ledger = Ledger(config, self._pool.stuck)
         self._controls = QueueControls(config, self._ledger, self._wakeup)
         self._summary = Summary(config.worker_id, config.log_summary_interval, self._ledger.count)
-        outcomes = Outcomes(config.worker_id, metrics, self._controls, summary=self._summary)
+        cut = self._cut_off = CutOff(config, self._wakeup.set, self._ledger.held_ids)
+        outcomes = Outcomes(config.worker_id, metrics, self._controls, None, self._summary, cut.add)
         self._acks = Acks(config.worker_id, self._ledger, self._wakeup, outcomes)
         self._executor = Executor(
             config, self._ledger, self._pool, self._wakeup, self._acks, outcomes, metrics
@@ -203,12 +205,11 @@ class Worker:
         self._wakeup.set()
 
     def health(self) -> tuple[bool, dict[str, Any]]:
-        """``(healthy, details)`` for the --health-port: healthy while the main
-        loop goes round (it wakes at least once per poll interval) and its
-        last database work succeeded, and, when it delivers to stream
-        subscriptions, while its delivery thread lives and goes round
-        (``StreamWorker.health``, under "streams"); with schedules, while its
-        scheduler's last round reached the database (under "scheduler")."""
+        """``(healthy, details)`` for the --health-port: healthy while the main loop goes
+        round (it wakes at least once per poll interval) and its last database work
+        succeeded, and, when it delivers to stream subscriptions, while its delivery thread
+        lives and goes round (``StreamWorker.health``, under "streams"); with schedules,
+        while its scheduler's last round reached the database (under "scheduler")."""
         loop_age = time.monotonic() - self._loop_seen
         loop_alive = not self._stopping.is_set() and loop_age < self.config.poll_interval * 2 + 5
         details: dict[str, Any] = {
@@ -250,6 +251,7 @@ class Worker:
             self._loop_seen = time.monotonic()
             self._summary.log_if_due(self._loop_seen)
             try:
+                self._cut_off.hand_back_if_due(self.loop_error is not None)  # (cut-off runs)
                 self._controls.refresh()  # paused queues, limits: when they changed
                 claim = claimer.wanted(ready)
                 if not claim:

@@ -52,6 +52,7 @@ class Ledger:
         self._unacked: dict[int, Job] = {}  # message id -> job done, not acknowledged yet
         self.queued = 0  # jobs in flight that no thread has taken yet
         self._acking = 0  # acknowledgements a handler thread is sending
+        self._sending: list[Job] = []  # their jobs
         self.ack_due: float | None = None  # time.monotonic() by which to flush the unacked
         # When the main loop next wakes (time.monotonic()), set by the loop
         # before it waits; read by the handler threads (wakes_the_loop).
@@ -148,6 +149,7 @@ class Ledger:
                 if len(self._unacked) >= self._config.batch_size and not self._acking:
                     acks = self._take_unacked_locked()
                     self._acking = len(acks)
+                    self._sending = acks
             elif outcome in SETTLED:
                 self.processed += 1
             has_work = (
@@ -195,6 +197,7 @@ class Ledger:
         is done with it: acknowledged, or put back."""
         with self._lock:
             self._acking = 0
+            self._sending = []
 
     # --- what it holds ----------------------------------------------------------
 
@@ -202,6 +205,12 @@ class Ledger:
         """Messages in flight (the inflight gauge, the health check, the heartbeat)."""
         with self._lock:
             return len(self._inflight)
+
+    def held_ids(self) -> set[int]:
+        """The ids of every message it holds: in flight, unacked, or being
+        acknowledged by a handler thread (worker.cutoff's sweep)."""
+        with self._lock:
+            return {*self._inflight, *self._unacked, *(j.message.id for j in self._sending)}
 
     def busy(self) -> bool:
         """Whether a message is still in flight or unacknowledged."""

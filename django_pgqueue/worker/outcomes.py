@@ -8,12 +8,13 @@ import datetime
 import logging
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.db import DatabaseError
 
 from django_pgqueue import lifecycle, policy, signals, tracing
-from django_pgqueue.db import drop_broken_connections
+from django_pgqueue.db import connection_lost, drop_broken_connections, first_line
 from django_pgqueue.exceptions import Retry, describe
 from django_pgqueue.models import Category, Message
 from django_pgqueue.observability.metrics import CANCELLED as CANCELLED_OUTCOME
@@ -38,6 +39,10 @@ class Outcomes:
     now: datetime.datetime | None = None
     # The periodic summary's counts (the worker's; None: not counted).
     summary: Summary | None = None
+    # Takes a job whose run ended because its connection died, to hand its
+    # message back once the database answers (worker.cutoff; None: its
+    # lease brings it back).
+    cut_off: Callable[[Job], None] | None = None
 
     def done(self, message: Message, duration: float | None) -> None:
         """``message`` was acknowledged after its handler ran ``duration`` seconds."""
@@ -136,8 +141,17 @@ class Outcomes:
                     self.summary.count(DEAD_LETTERED)
                 if job.span is not None:
                     tracing.dead_lettered(job.span, category, reason)
-        except DatabaseError:
+        except DatabaseError as db_error:
             drop_broken_connections()
+            if self.lost_connection(job, db_error):
+                logger.warning(
+                    "Message id=%s topic=%s: could not record the failure, the database is "
+                    "unreachable (%s); it is handed back once it answers",
+                    message.pk,
+                    message.topic,
+                    first_line(db_error),
+                )
+                return LOST
             logger.exception(
                 "Message id=%s topic=%s: could not record the failure; its lease will expire "
                 "and maintenance will return it to the queue",
@@ -157,8 +171,10 @@ class Outcomes:
         try:
             if not lifecycle.cancel_running(message, error, self.worker_id):
                 return LOST
-        except DatabaseError:
+        except DatabaseError as db_error:
             drop_broken_connections()
+            if self.lost_connection(job, db_error):
+                return LOST
             logger.exception(
                 "Message id=%s topic=%s: could not record its cancellation; its lease will "
                 "expire and maintenance will cancel it",
@@ -171,6 +187,14 @@ class Outcomes:
             self.summary.count(CANCELLED_OUTCOME)
         self._settled(message)
         return CANCELLED
+
+    def lost_connection(self, job: Job, error: BaseException) -> bool:
+        """If ``error`` says the connection died, hand ``job`` to ``cut_off``
+        (its message goes back once the database answers) and say True."""
+        if self.cut_off is None or not connection_lost(error):
+            return False
+        self.cut_off(job)
+        return True
 
     def _cancelled_meanwhile(self, job: Job, exc: BaseException) -> str:
         """The retry or dead letter found no row to change: the lease is lost,

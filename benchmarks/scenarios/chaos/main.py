@@ -43,6 +43,17 @@ chaos.* topics):
   row); a message of an atomic topic never has a ledger row while it is
   still in the queue or among the dead letters.
 
+``--failover sync`` (or ``async``) runs the soak on a throwaway primary and
+a streaming standby of it (synchronous or not), every process on a
+multi-host DATABASE_URL (``target_session_attrs=read-write``), and mid-run
+kills the primary (``kill -9`` of the postmaster and every child) and
+promotes the standby; the other faults are left out unless ``--faults``
+names some (``restart`` excluded), and the lease is 30 s unless ``--lease``
+says otherwise, so that a message waiting for its lease shows. It reports
+when the workers had connected again, when the first handling and every
+message leased at the kill came back, and the enqueues lost in the window
+(must be 0 with ``sync``; benchmarks/scenarios/chaos/failover.py).
+
 At the end it prints (and writes with ``--json``): enqueued, done,
 dead-lettered, lost (must be 0), handled twice for atomic handlers (must be
 0), extra handlings for non-atomic ones (must not exceed the messages that
@@ -120,7 +131,18 @@ def parse_args(argv):
         help="mean handler time, milliseconds (exponential), so that faults find work in flight",
     )
     p.add_argument("--slow-rate", type=float, default=0.02, help="share that sleep 50-300 ms")
-    p.add_argument("--lease", type=float, default=3.0, help="the workers' --lease, seconds")
+    p.add_argument(
+        "--lease",
+        type=float,
+        default=None,
+        help="the workers' --lease, seconds (default 3, with --failover 30)",
+    )
+    p.add_argument(
+        "--failover",
+        choices=("sync", "async"),
+        help="run on a throwaway primary and its synchronous or asynchronous standby, and fail"
+        " over mid-run (kill -9 of the primary, the standby promoted)",
+    )
     p.add_argument("--check-interval", type=float, default=0.5, help="invariant check, seconds")
     p.add_argument("--timeout", type=float, default=1800.0, help="give up after, seconds")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
@@ -130,6 +152,12 @@ def parse_args(argv):
     args = p.parse_args(argv)
     if args.throwaway_cluster and args.restart_datadir:
         p.error("--throwaway-cluster and --restart-datadir exclude each other")
+    if args.failover and (args.throwaway_cluster or args.restart_datadir):
+        p.error("--failover makes its own clusters: no --throwaway-cluster, --restart-datadir")
+    if args.lease is None:
+        args.lease = 30.0 if args.failover else 3.0
+    if args.failover and args.faults is None:
+        args.faults = ""  # the failover alone
     if args.pg_ctl and not args.restart_datadir:
         p.error("--pg-ctl goes with --restart-datadir")
     can_restart = args.throwaway_cluster or args.restart_datadir
@@ -153,6 +181,8 @@ def parse_args(argv):
     for name in ("fail_rate", "slow_rate"):
         if not 0 <= getattr(args, name) <= 1:
             p.error(f"--{name.replace('_', '-')} must be between 0 and 1")
+    if "restart" in faults and args.failover:
+        p.error("--failover: the restart fault would restart the primary it killed")
     if "restart" in faults and not can_restart:
         p.error(
             "--faults restart restarts only a cluster it is told about: pass"
@@ -196,11 +226,13 @@ def dsn():
         "password": params["PASSWORD"],
         "host": params["HOST"],
         "port": params["PORT"],
+        # Several hosts (--failover): the one that takes writes.
+        "target_session_attrs": params["OPTIONS"].get("target_session_attrs"),
     }
     return " ".join(f"{k}='{v}'" for k, v in parts.items() if v)
 
 
-def run(args):
+def run(args, failover=None):
     from django.core.management import call_command
     from django.db import connection
 
@@ -212,7 +244,7 @@ def run(args):
         restarter = Restarter(args.restart_datadir, args.pg_ctl, args.restart_log)
         restarter.check_serves(connection)
     call_command("migrate", verbosity=0)
-    if args.throwaway_cluster:
+    if args.throwaway_cluster or failover is not None:
         call_command("migrate", database="other", verbosity=0)
     empty_tables(args.reset)
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="pgqueue-chaos-"))
@@ -230,6 +262,8 @@ def run(args):
         "BACKOFF_CAP": 0.5,
     }
     workers = Workers(args, log_dir, pgqueue)
+    if failover is not None:
+        failover.live_workers = lambda: len(workers.live)
     faults = Faults(args.faults, workers, restarter)
     checker = InvariantChecker(dsn(), args.check_interval)
     checker.start()
@@ -261,10 +295,16 @@ def run(args):
         pending = checker.pending
         # Faults go on while there is work; a round that has begun finishes.
         busy = enqueuing or pending is None or pending > 0
+        if failover is not None:
+            if not failover.performed and wave > args.waves // 2 and failover.busy():
+                failover.perform()
+                faults.exposed += len(failover.in_flight)
+            with_retry(failover.measure, "measuring the failover")
         if now >= next_fault and (busy or faults.round):
             faults.inject()
             next_fault = time.monotonic() + args.fault_interval * random.uniform(0.7, 1.3)
-        if not enqueuing and not faults.round and pending == 0 and checker.checks:
+        measured = failover is None or (failover.performed and failover.measured)
+        if not enqueuing and not faults.round and pending == 0 and checker.checks and measured:
             if with_retry(queue_is_empty, "checking the queue"):
                 break
         time.sleep(0.05)
@@ -273,8 +313,16 @@ def run(args):
     checker.stop()
     result = final_counts(args, seed, enqueued, drained - started, workers, faults, checker)
     result["timed_out"] = timed_out
+    if failover is not None:
+        result["failover"] = failover.result(enqueued)
     result["log_dir"] = str(log_dir)
     result["ok"] = ok(result)
+    if failover is not None:
+        # The failover happened; with a synchronous standby, it lost nothing.
+        lost = result["failover"].get("enqueues_lost")
+        result["ok"] = (
+            result["ok"] and failover.performed and (not failover.synchronous or lost == 0)
+        )
     return result
 
 
@@ -298,12 +346,41 @@ def report(result):
         f" {result['messages_per_s']:,.0f} messages/s",
         f"result                      {'PASS' if result['ok'] else 'FAIL'}",
     ]
+    failover = result.get("failover")
+    if failover and failover.get("performed"):
+        lost = "must be 0" if failover["mode"] == "sync" else "the asynchronous window"
+        lines[-1:-1] = [
+            f"{'failover (' + failover['mode'] + ')':28}{failover['in_flight_at_kill']:,} leased"
+            f" at the kill, promoted in {failover['kill_to_promoted_s']:.2f} s",
+            f"  after the promotion         workers connected"
+            f" {failover.get('promoted_to_workers_reconnected_s', '-')} s, first handled"
+            f" {failover.get('promoted_to_first_handled_s', '-')} s, every leased message"
+            f" back {failover.get('promoted_to_in_flight_back_s', '-')} s",
+            f"  enqueues lost               {failover['enqueues_lost']:,}  ({lost})",
+        ]
     print("\n".join(lines), flush=True)
 
 
 def main(argv=None):
     args = parse_args(argv)
     cluster = None
+    clusters = []
+    failover = None
+    if args.failover:
+        from benchmarks.harness import replication
+        from benchmarks.scenarios.chaos.failover import Failover
+
+        primary = throwaway_pg.ThrowawayCluster.create(prefix="pgqueue-chaos-pg-")
+        clusters.append(primary)
+        for name in ("pgqueue_chaos", "pgqueue_chaos_other"):
+            primary.create_database(name)
+        standby = replication.make_standby(primary, synchronous=args.failover == "sync")
+        clusters.append(standby)
+        os.environ["DATABASE_URL"] = replication.multi_host_url(clusters, "pgqueue_chaos")
+        os.environ["OTHER_DATABASE_URL"] = replication.multi_host_url(
+            clusters, "pgqueue_chaos_other"
+        )
+        log(f"primary on port {primary.port}, {args.failover} standby on port {standby.port}")
     if args.throwaway_cluster:
         cluster = throwaway_pg.ThrowawayCluster.create(prefix="pgqueue-chaos-pg-")
         for name in ("pgqueue_chaos", "pgqueue_chaos_other"):
@@ -318,13 +395,17 @@ def main(argv=None):
         log(f"throwaway cluster in {cluster.datadir}, port {cluster.port}")
     try:
         setup_django()
-        result = run(args)
+        if clusters:
+            failover = Failover(clusters[0], clusters[1], args.failover == "sync")
+        result = run(args, failover)
     finally:
-        if cluster is not None:
+        if cluster is not None or clusters:
             from django.db import connections
 
             connections.close_all()
-            cluster.close()
+        for made in [cluster, *reversed(clusters)]:
+            if made is not None:
+                made.close()
     report(result)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
