@@ -1,4 +1,5 @@
-"""docs/howto/deploying.rst, "On Kubernetes": every manifest there, checked.
+"""docs/howto/deploying.rst, "On Kubernetes", and docs/howto/autoscaling.rst:
+every manifest there, checked.
 
 Each ``.. code-block:: yaml`` of the section is parsed, and what it says is
 held against the code it describes: the worker Deployment's arguments parse
@@ -32,8 +33,11 @@ from django_pgqueue.observability import stats
 from django_pgqueue.observability.health import WorkerHealthServer
 from django_pgqueue.observability.scrape import DatabaseCollector
 
-PAGE = Path(__file__).resolve().parent.parent / "docs" / "howto" / "deploying.rst"
+HOWTO = Path(__file__).resolve().parent.parent / "docs" / "howto"
+PAGE = HOWTO / "deploying.rst"
 SECTION = "On Kubernetes"
+# The ScaledObjects: every YAML block of this page scales PAGE's Deployment.
+AUTOSCALING = HOWTO / "autoscaling.rst"
 
 # The trigger metadata and TriggerAuthentication parameters each scaler reads.
 KEDA_FIELDS = {
@@ -82,9 +86,18 @@ def section_lines(text, title):
 
 
 def yaml_blocks():
-    """``[(line, text), ...]``: each YAML block of the section, dedented,
-    with the page's line of its directive."""
+    """``[(where, text), ...]``: each YAML block of the section and of the
+    autoscaling page, dedented, with the page and line of its directive."""
     start, lines = section_lines(PAGE.read_text(encoding="utf-8"), SECTION)
+    blocks = [(f"{PAGE.name}:{line}", text) for line, text in blocks_of(lines, start)]
+    page = AUTOSCALING.read_text(encoding="utf-8").splitlines()
+    blocks += [(f"{AUTOSCALING.name}:{line}", text) for line, text in blocks_of(page, 0)]
+    return blocks
+
+
+def blocks_of(lines, start):
+    """``[(line, text), ...]``: each YAML block of ``lines`` (which start at
+    line ``start + 1`` of their page), dedented."""
     blocks = []
     for i, line in enumerate(lines):
         match = CODE_BLOCK.match(line)
@@ -108,7 +121,7 @@ def manifests():
     assert len(blocks) >= 4, "expected the Deployment, the scrape config and two ScaledObjects"
     for line, text in blocks:
         for document in yaml.safe_load_all(text):
-            assert document, f"{PAGE.name}:{line}: an empty YAML document"
+            assert document, f"{line}: an empty YAML document"
             if "kind" in document:
                 found.setdefault(document["kind"], []).append((line, document))
     return found
@@ -170,7 +183,7 @@ def test_each_scaled_object_scales_the_deployment(manifests, deployment):
     auths = {found["metadata"]["name"]: found for _, found in manifests["TriggerAuthentication"]}
     for line, scaled in scaled_objects:
         spec = scaled["spec"]
-        where = f"{PAGE.name}:{line}"
+        where = line
         assert scaled["apiVersion"] == "keda.sh/v1alpha1", where
         assert spec["scaleTargetRef"]["name"] == deployment["metadata"]["name"], (
             f"{where}: scaleTargetRef names no Deployment of the section"
@@ -228,7 +241,7 @@ def test_the_postgresql_query_counts_the_ready_messages(messages, manifests, wor
     with connection.cursor() as cursor:
         cursor.execute(query)
         rows = cursor.fetchall()
-    assert rows == [(5,)], f"{PAGE.name}:{line}: the query returned {rows}, not one row [(5,)]"
+    assert rows == [(5,)], f"{line}: the query returned {rows}, not one row [(5,)]"
 
     # The bound: as many as the most replicas are targeted at, no fewer.
     (limit,) = LIMIT.findall(query)
@@ -251,20 +264,19 @@ def test_the_prometheus_query_selects_an_exported_metric(messages, manifests, wo
     ((line, _, trigger),) = triggers(manifests, "prometheus")
     families = {family.name: family for family in DatabaseCollector().collect()}
     selectors = SELECTOR.findall(trigger["metadata"]["query"])
-    assert len(selectors) == 1, f"{PAGE.name}:{line}: expected one pgqueue_ selector"
+    assert len(selectors) == 1, f"{line}: expected one pgqueue_ selector"
     ((name, matchers),) = selectors
-    assert name in families, f"{PAGE.name}:{line}: the project exports no {name}"
+    assert name in families, f"{line}: the project exports no {name}"
     samples = families[name].samples
     labels = set().union(*(sample.labels for sample in samples))
     selected = samples
     for label, op, value in MATCHER.findall(matchers):
-        assert label in labels, f"{PAGE.name}:{line}: {name} has no label {label!r}"
+        assert label in labels, f"{line}: {name} has no label {label!r}"
         assert op in ("=", "=~"), "the check below evaluates = and =~ only"
         pattern = re.compile(value if op == "=~" else re.escape(value))
         selected = [s for s in selected if pattern.fullmatch(s.labels[label])]
     queues = list(worker_options.queues)
     total = sum(sample.value for sample in selected)
     assert total == ready_of(queues) == 5, (
-        f"{PAGE.name}:{line}: {name}{{{matchers}}} sums to {total}, "
-        f"not the 5 ready messages of {queues}"
+        f"{line}: {name}{{{matchers}}} sums to {total}, not the 5 ready messages of {queues}"
     )
