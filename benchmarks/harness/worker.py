@@ -19,7 +19,7 @@ from benchmarks.harness.tree import Tree
 # The testproject's handlers for benchmarks (testproject/demo/handlers.py).
 TOPIC_ATOMIC = "bench.noop"  # atomic=True, does nothing
 TOPIC_NONATOMIC = "bench.noop_nonatomic"  # atomic=False, does nothing
-TOPIC_LATENCY = "bench.latency"  # saves a demo.Handled row first thing
+TOPIC_LATENCY = "bench.latency"  # saves a demo.Handled row first thing (no BENCH_LATENCY_FILE)
 
 # The queue seen from a connection of its own (harness.monitor): the first
 # message (the lowest id, claimed first) left the waiting state; no message

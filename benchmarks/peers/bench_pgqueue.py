@@ -5,8 +5,8 @@ off), like benchmarks/throughput.py.
 
 The worker is ``testproject/manage.py pgqueue_worker`` (compare.py starts it).
 Handlers (testproject/demo/handlers.py): ``bench.noop`` (atomic=True),
-``bench.noop_nonatomic`` (atomic=False), ``bench.latency`` (saves a
-demo.Handled row first thing: its handled_at is the start). Enqueue:
+``bench.noop_nonatomic`` (atomic=False), ``bench.latency`` (atomic=False:
+appends "id start" to BENCH_LATENCY_FILE, as the peers' handlers do). Enqueue:
 ``enqueue(topic, payload)`` in autocommit (one transaction each); bulk:
 ``enqueue_many(items, topic=...)``, one statement.
 """

@@ -51,7 +51,7 @@ class PgQueue(System):
         "django_pgqueue_workerheartbeat",
         "demo_handled",
     ]
-    latency_from = "sql"
+    latency_from = "file"  # (and an older tree's demo.Handled rows: latency_results)
     worker_note_format = (
         "tuned: `testproject/manage.py pgqueue_worker --log-level WARNING {args}`; defaults:"
         " `testproject/manage.py pgqueue_worker --subscriptions none`, its INFO log level"
@@ -162,7 +162,10 @@ class PgQueue(System):
         return argv + (["--burst"] if burst else [])
 
     def latency_results(self, latency_file):
-        found = {}
+        """The lines the handler appends to the latency file (this tree's
+        bench.latency, as the peers' handlers), and the demo.Handled rows of
+        an older tree's, which wrote those instead."""
+        found = super().latency_results(latency_file)
         with db.connect(self.url) as conn:
             rows = conn.execute(
                 "SELECT message_id, extract(epoch FROM handled_at)::float8 FROM demo_handled"
