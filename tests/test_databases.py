@@ -181,6 +181,21 @@ def test_a_workflow_is_written_to_its_queues_database():
     assert committed("default") == []
 
 
+def test_a_step_added_on_a_queue_of_another_database_is_refused():
+    from django_pgqueue.models.workflows import WorkflowStep
+    from django_pgqueue.workflows import WorkflowRun
+
+    flow = django_pgqueue.Workflow("grows")
+    flow.add("wf.a", queue="bulk")
+    run = flow.enqueue(using="other")
+    step = WorkflowStep.objects.using("other").get(workflow_id=run.pk)
+    handle = WorkflowRun.of_step(step.pk, "other")  # as the step's handler finds it
+    with pytest.raises(WorkflowError, match="queue 'default', whose database is 'default'"):
+        handle.add("wf.b", queue="default")
+    added = handle.add("wf.c", queue="bulk")  # its own database's queue
+    assert [s.topic for s in handle.added] == ["wf.c"] and handle.added == [added]
+
+
 def test_a_workflow_on_queues_of_two_databases_is_refused():
     flow = django_pgqueue.Workflow("split")
     flow.add("wf.a", queue="bulk")

@@ -40,6 +40,12 @@ def on_event_loop(specs: Iterable[HandlerSpec]) -> bool:
     return any(runs_on_event_loop(spec) for spec in specs)
 
 
+def new_worker_id(hostname: str | None = None) -> str:
+    """A worker process's id: "host:pid:random" (every engine of a process
+    that serves several databases shares it)."""
+    return f"{hostname or socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
 def _database(queues: list[str], database: str | None) -> str:
     """The database of an engine serving ``queues``: ``database`` when
     given (every queue must be on it), else the one their queues are on
@@ -153,7 +159,7 @@ class WorkerConfig:
         if problem:
             raise ValueError(f"async_concurrency {problem} (got {async_concurrency!r})")
         return cls(
-            worker_id=worker_id or f"{hostname}:{os.getpid()}:{uuid.uuid4().hex[:6]}",
+            worker_id=worker_id or new_worker_id(hostname),
             hostname=hostname,
             queues=names,
             database=database,

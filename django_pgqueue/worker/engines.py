@@ -14,16 +14,14 @@ says which database fails (``observability.health``).
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from django_pgqueue import conf
 from django_pgqueue.streams.subscribers import select
 from django_pgqueue.worker import shutdown, threads
+from django_pgqueue.worker.config import new_worker_id
 from django_pgqueue.worker.core import Worker
 
 logger = logging.getLogger(__package__)
@@ -66,7 +64,7 @@ class Engines:
         worker_id: str | None = None,
         **options: Any,
     ) -> None:
-        worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        worker_id = worker_id or new_worker_id()
         self.worker_id = worker_id
         # {alias: its engine}, in the order of ``databases``
         self.engines = {
