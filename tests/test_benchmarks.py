@@ -177,6 +177,14 @@ def test_workflows():
     assert re.search(r"^target: .*: (met|MISSED)$", out, re.M), out
 
 
+def test_routed():
+    url, _ = bench_url("_routed")
+    out = run("routed", "--messages", "200", "--rounds", "1", "--database-url", url)
+    assert re.search(r"routed: messages/s +[\d,]+ ", out), out
+    assert re.search(r"ratio routed/first +[\d.]+ ", out), out
+    assert re.search(r"^target: .*: (met|MISSED)$", out, re.M), out
+
+
 def test_async():
     url, _ = bench_url("_async")
     out = run(

@@ -66,6 +66,11 @@ SCENARIOS: dict[str, Scenario] = {
         "a fan-out/fan-in workflow of 10,000 steps: enqueue seconds, drain steps/s beside"
         " plain messages in turn",
     ),
+    "routed": Scenario(
+        "benchmarks.scenarios.routed",
+        "a queue routed to a second database beside a queue on the first, in turn: drain"
+        " messages/s, their ratio",
+    ),
     "async": Scenario(
         "benchmarks.scenarios.async_wait",
         "handlers that wait a second on the worker's event loop beside handler threads:"
