@@ -96,16 +96,20 @@ def settings_recorders():
 def statement_log(transactional_db):
     """A statement trigger on the message table that records, for each of the
     worker's writes, the timeouts it ran under: "claim" (an UPDATE that never
-    waits: SKIP LOCKED), "ack, skip locked" (the batched acknowledgements of
-    atomic=False handlers), else the UPDATE or DELETE that may wait for a
-    lock (an atomic handler's acknowledgement, a lease extension)."""
+    waits: SKIP LOCKED), "ack, brief wait" (the batched acknowledgements of
+    atomic=False handlers, under sql.acks.BRIEF_LOCK_WAIT_SQL), "ack, skip
+    locked" (those that found a row locked past it), else the UPDATE or
+    DELETE that may wait for a lock (an atomic handler's acknowledgement, a
+    lease extension)."""
     with raw_connection(autocommit=True) as conn:
         conn.execute("CREATE TABLE test_limits_seen (op text, lock text, statement text)")
         conn.execute(
             """CREATE FUNCTION test_limits_seen() RETURNS trigger LANGUAGE plpgsql AS $$
             BEGIN
                 INSERT INTO test_limits_seen VALUES (
-                    CASE WHEN TG_OP = 'DELETE' AND current_query() LIKE '%SKIP LOCKED%'
+                    CASE WHEN TG_OP = 'DELETE' AND current_query() LIKE '%pgqueue.lock_timeout%'
+                             THEN 'ack, brief wait'
+                         WHEN TG_OP = 'DELETE' AND current_query() LIKE '%SKIP LOCKED%'
                              THEN 'ack, skip locked'
                          WHEN current_query() LIKE '%AS m SET%' THEN 'claim'
                          ELSE TG_OP END,
@@ -144,14 +148,20 @@ def test_the_limits_bound_the_workers_statements_and_not_its_handlers(
     assert {kind for kind, _, _ in SEEN} == {"atomic", "nonatomic"}
     with raw_connection(autocommit=True) as conn:
         seen = set(conn.execute("SELECT op, lock, statement FROM test_limits_seen"))
-    # Those that may wait for a lock run under the limits; the claim and the
-    # skip-locked acknowledgements never wait, and carry none (the hot path).
+    # Those that may wait for a lock run under the limits; the batched
+    # acknowledgements wait briefly, under that wait alone; the claim (sent
+    # with them) and the skip-locked acknowledgements never wait, and carry
+    # none (the hot path).
     waits = {(lock, statement) for op, lock, statement in seen if op in ("UPDATE", "DELETE")}
+    brief = {(lock, statement) for op, lock, statement in seen if op == "ack, brief wait"}
     never_waits = {
-        (lock, statement) for op, lock, statement in seen if op not in ("UPDATE", "DELETE")
+        (lock, statement)
+        for op, lock, statement in seen
+        if op not in ("UPDATE", "DELETE", "ack, brief wait")
     }
-    assert {op for op, _, _ in seen} >= {"claim", "ack, skip locked", "DELETE"}, seen
+    assert {op for op, _, _ in seen} >= {"claim", "ack, brief wait", "DELETE"}, seen
     assert waits == {("1500ms", "7s")}, f"the worker's acknowledgements ran with {seen}"
+    assert brief == {("50ms", session[1])}, f"the batched acknowledgements ran with {seen}"
     assert never_waits == {session}, f"the claims ran with {seen}"
     assert session == ("0", "0"), "the test server has timeouts of its own"
 
@@ -163,8 +173,11 @@ def test_none_leaves_the_sessions_settings(statement_log):
         wait_until(lambda: not Message.objects.exists(), timeout=60, message="all handled")
     with raw_connection(autocommit=True) as conn:
         seen = set(conn.execute("SELECT op, lock, statement FROM test_limits_seen"))
-    assert {(lock, statement) for _, lock, statement in seen} == {("0", "0")}, seen
-    assert {"claim", "ack, skip locked"} <= {op for op, _, _ in seen}, seen
+    brief = {(lock, statement) for op, lock, statement in seen if op == "ack, brief wait"}
+    others = {(lock, statement) for op, lock, statement in seen if op != "ack, brief wait"}
+    assert others == {("0", "0")}, seen
+    assert brief == {("50ms", "0")}, seen  # its own brief wait, nothing else
+    assert {"claim", "ack, brief wait"} <= {op for op, _, _ in seen}, seen
 
 
 @override_settings(PGQUEUE={"LOCK_TIMEOUT": 0.3})
@@ -182,6 +195,139 @@ def test_the_worker_transactions_of_lifecycle_carry_the_limits(make_message, tra
         assert liveness.extend_leases([message], 60) == set()
         assert lifecycle.ack_unlocked([message]) == (set(), {message.pk})
     assert lifecycle.ack_unlocked([message]) == ({message.pk}, set())
+
+
+# --- the batched acknowledgements' brief lock wait ---------------------------
+
+
+def claimed_message(worker_id="w"):
+    """A message leased by the worker's own claim."""
+    enqueue("test.limits.nonatomic", {})
+    (row,) = lifecycle.ack_and_claim_rows((), ["default"], 1, worker_id, 60).rows
+    return lifecycle.message_from_row(row)
+
+
+def seen_acks():
+    """The acknowledgements statement_log recorded, in order."""
+    with raw_connection(autocommit=True) as conn:
+        return [
+            op for (op,) in conn.execute("SELECT op FROM test_limits_seen WHERE op LIKE 'ack%'")
+        ]
+
+
+def test_a_batched_acknowledgement_waits_for_a_row_lock_released_in_the_brief_wait(
+    statement_log, monkeypatch
+):
+    """The plain DELETE waits for a row another transaction holds, and
+    removes it once that transaction ends (not skipped, nothing logged as
+    lost). The brief wait is made long here, so that the lock is released
+    on a condition (the DELETE seen waiting), not a clock."""
+    from django_pgqueue.sql import acks as acks_sql
+
+    monkeypatch.setattr(
+        acks_sql,
+        "BRIEF_LOCK_WAIT_SQL",
+        acks_sql.BRIEF_LOCK_WAIT_SQL.replace(acks_sql.BRIEF_LOCK_WAIT, "60s"),
+    )
+    message = claimed_message()
+    locker = hold_row_lock(message.pk)
+    result: dict[str, object] = {}
+
+    def acknowledge():
+        try:
+            result["ack"] = lifecycle.ack_unlocked([message])
+        finally:
+            connection.close()  # this thread's connection
+
+    thread = threading.Thread(target=acknowledge)
+    thread.start()
+    try:
+        with raw_connection(autocommit=True) as watcher:
+            wait_until(
+                lambda: watcher.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND query LIKE '%%pgqueue.lock_timeout%%'"
+                ).fetchone()[0],
+                timeout=30,
+                message="the acknowledgement to wait for the row lock",
+            )
+    finally:
+        locker.close()  # its transaction ends: the row is free
+        thread.join(timeout=60)
+    assert result["ack"] == ({message.pk}, set())
+    assert not Message.objects.filter(pk=message.pk).exists()
+    assert seen_acks() == ["ack, brief wait"]
+
+
+@pytest.fixture
+def brief_waits_timed_out(monkeypatch):
+    """The brief waits that ran out, counted where lifecycle tells them."""
+    from django_pgqueue.db import lock_timed_out
+    from django_pgqueue.lifecycle import acks as lifecycle_acks
+    from django_pgqueue.lifecycle import claim as lifecycle_claim
+
+    counted = []
+
+    def counting(exc):
+        counted.append(exc)
+        return lock_timed_out(exc)
+
+    monkeypatch.setattr(lifecycle_acks, "lock_timed_out", counting)
+    monkeypatch.setattr(lifecycle_claim, "lock_timed_out", counting)
+    return counted
+
+
+def test_a_row_held_past_the_brief_wait_is_skipped_and_the_claim_goes_on(
+    statement_log, brief_waits_timed_out
+):
+    """With the claim's round trip: the acknowledgements wait briefly for a
+    locked row, then go again skipping it, with the claim; the session's
+    lock_timeout is what it was."""
+    held = claimed_message()
+    free = claimed_message()
+    enqueue("test.limits.nonatomic", {})
+    locker = hold_row_lock(held.pk)
+    try:
+        result = lifecycle.ack_and_claim_rows([held, free], ["default"], 5, "w", 60)
+    finally:
+        locker.close()
+    assert (result.acked, result.busy) == ({free.pk}, {held.pk})
+    assert len(result.rows) == 1, "the claim sent with the acknowledgements did not run"
+    assert Message.objects.get(pk=held.pk).status == Status.PROCESSING
+    # The brief try failed whole (one implicit transaction, its trace
+    # rolled back with it); the second went.
+    assert len(brief_waits_timed_out) == 1
+    assert seen_acks() == ["ack, skip locked"]
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW lock_timeout")
+        assert cursor.fetchone()[0] == "0"
+    # An acknowledgement that found its row locked skips it at once.
+    locker = hold_row_lock(held.pk)
+    try:
+        result = lifecycle.ack_and_claim_rows([held], ["default"], 5, "w", 60, wait_briefly=False)
+        assert lifecycle.ack_unlocked([held], wait_briefly=False) == (set(), {held.pk})
+    finally:
+        locker.close()
+    assert (result.acked, result.busy) == (set(), {held.pk})
+    assert len(brief_waits_timed_out) == 1, "a retry waited for the lock again"
+    assert seen_acks() == ["ack, skip locked"] * 3
+    assert lifecycle.ack_unlocked([held]) == ({held.pk}, set())
+    assert seen_acks()[-1] == "ack, brief wait"
+
+
+def test_inside_a_transaction_the_batched_acknowledgement_skips_locked_rows(statement_log):
+    """A failed statement would break the caller's transaction: no brief
+    wait there, the rows another transaction holds are skipped."""
+    from django.db import transaction
+
+    held = claimed_message()
+    locker = hold_row_lock(held.pk)
+    try:
+        with transaction.atomic():
+            assert lifecycle.ack_unlocked([held]) == (set(), {held.pk})
+    finally:
+        locker.close()
+    assert seen_acks() == ["ack, skip locked"]
 
 
 # --- a row lock held by someone else ----------------------------------------

@@ -2,9 +2,9 @@
 
 The worker acknowledges an atomic handler's message inside the handler's
 transaction (``ack``, or ``ack_leased`` for a batch sharing one), and the
-messages of atomic=False handlers in batches that skip rows another
-transaction has locked (``ack_unlocked``, or with its next claim:
-claim.ack_and_claim_rows).
+messages of atomic=False handlers in batches that never wait long for a
+row another transaction has locked (``ack_unlocked``, or with its next
+claim: claim.ack_and_claim_rows; sql.acks says how).
 """
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import connections
+from django.db import OperationalError, connections
 from django.db.models import Q
 
 from django_pgqueue import conf
+from django_pgqueue.db import lock_timed_out
 from django_pgqueue.lifecycle.guards import log_lease_lost
 from django_pgqueue.models import Message, Status
 from django_pgqueue.sql import acks as acks_sql
@@ -36,16 +37,33 @@ def ack(message: Message) -> bool:
     return False
 
 
-def ack_unlocked(messages: Sequence[Message]) -> tuple[set[int], set[int]]:
-    """Finish many messages (non-atomic handlers) in one DELETE, skipping the
-    rows another transaction has locked. Returns (the ids finished, the ids
-    still leased but locked: acknowledge them again later); the others lost
-    their lease (logged). Outside a transaction its commit, like the
+def ack_unlocked(
+    messages: Sequence[Message], wait_briefly: bool = True
+) -> tuple[set[int], set[int]]:
+    """Finish many messages (non-atomic handlers) in one DELETE, leaving the
+    rows another transaction holds locked. Returns (the ids finished, the
+    ids still leased but locked: acknowledge them again later); the others
+    lost their lease (logged). Outside a transaction its commit, like the
     claim's, does not wait for the WAL to reach the disk: a lost
     acknowledgement only means the message runs again, which atomic=False
-    handlers accept."""
+    handlers accept.
+
+    ``wait_briefly`` (outside a transaction only: a failed statement would
+    break the caller's): the DELETE first waits for a locked row at most
+    sql.acks.BRIEF_LOCK_WAIT, the cheaper statement; past it, the rows
+    locked are skipped (the caller's retries of those pass False)."""
+    if not messages:
+        return set(), set()
     async_commit = not connections[conf.database_alias()].in_atomic_block
-    finished = ack_leased(messages, async_commit, skip_locked=True)
+    if wait_briefly and async_commit:
+        try:
+            finished = ack_then(messages, None, async_commit, brief_lock_wait=True)[0]
+        except OperationalError as exc:
+            if not lock_timed_out(exc):
+                raise
+            finished = ack_leased(messages, async_commit, skip_locked=True)
+    else:
+        finished = ack_leased(messages, async_commit, skip_locked=True)
     return finished, unacknowledged(messages, finished)
 
 
@@ -94,12 +112,16 @@ def ack_then(
     then: tuple[str, Sequence[Any]] | None,
     async_commit: bool = False,
     skip_locked: bool = False,
+    brief_lock_wait: bool = False,
 ) -> tuple[set[int], tuple[Any, ...] | None]:
     """``ack_leased``, and the statement ``then`` (SQL, parameters) right
     after it, sent together: one round trip, and in autocommit one implicit
     transaction (both commit or neither). Returns the ids deleted and the
     first row of ``then`` (None without it). ``then`` sees the deletions:
-    a workflow step's bookkeeping moves the steps whose message is gone."""
+    a workflow step's bookkeeping moves the steps whose message is gone.
+    ``brief_lock_wait`` (without ``then`` and ``skip_locked``): wait for a
+    locked row at most sql.acks.BRIEF_LOCK_WAIT (else lock_not_available),
+    not LOCK_TIMEOUT."""
     connection = connections[conf.database_alias()]
     statement, params = history_sql.ack_statement(
         connection, acks_sql.ids_by_token(messages), skip_locked
@@ -107,7 +129,9 @@ def ack_then(
     if async_commit:
         statement = acks_sql.ASYNC_COMMIT_SQL + statement
     skip = 0
-    if not skip_locked:  # only a statement that may wait for a lock needs the limits
+    if brief_lock_wait:
+        statement, skip = f"{acks_sql.BRIEF_LOCK_WAIT_SQL};{statement}", 1
+    elif not skip_locked:  # only a statement that may wait for a lock needs the limits
         statement, params, skip = timeouts_sql.with_limits(statement, params)
     if then is not None:
         statement = f"{statement};{then[0]}"

@@ -4,7 +4,7 @@ Each cycle the worker's loop acknowledges what its atomic=False handlers
 finished and leases the next ready messages in one round trip
 (``ack_and_claim_rows``); its handler threads turn the claimed rows into
 messages (``message_from_row``). The statements are sql.claim.CLAIM_SQL and
-sql.acks.ACK_UNLOCKED_SQL.
+sql.acks.ACK_SQL under a brief lock wait (or ACK_UNLOCKED_SQL: sql.acks).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import connections
+from django.db import OperationalError, connections
 
 from django_pgqueue import conf
 from django_pgqueue.conf.limits import Limits
-from django_pgqueue.db import prepared_cursor
+from django_pgqueue.db import lock_timed_out, prepared_cursor
 from django_pgqueue.lifecycle.acks import unacknowledged
 from django_pgqueue.lifecycle.guards import UNDECODABLE, logger
 from django_pgqueue.models import Message, timestamp_from_text
@@ -78,6 +78,7 @@ def ack_and_claim_rows(
     limits: Mapping[str, Limits] | None = None,
     shares: Sequence[str] | None = None,
     plain_queues: Collection[str] = (),
+    wait_briefly: bool = True,
 ) -> ClaimResult:
     """Acknowledge ``acks`` (finished messages of atomic=False handlers, as
     ``ack_unlocked``) and lease up to ``limit`` ready messages of ``queues``
@@ -107,7 +108,11 @@ def ack_and_claim_rows(
     claimed with the default partition's stream alone
     (sql.claim.PLAIN_CLAIM_SQL), which also says whether they have other
     rows (``ClaimResult.partitioned``; then the rest of the claim takes
-    the whole pick).
+    the whole pick). ``wait_briefly``: the acknowledgements wait for a row
+    another transaction has locked at most sql.acks.BRIEF_LOCK_WAIT, then
+    go again skipping such rows, with the claim (outside a transaction
+    only; False: they skip them at once, as for acknowledgements that found
+    their row locked before).
     """
     using = conf.database_alias()
     connection = connections[using]
@@ -126,7 +131,7 @@ def ack_and_claim_rows(
     def claim_from(name: str, size: int) -> list[tuple[Any, ...]]:
         """Up to ``size`` messages of queue ``name``, in claim order (the
         first statement also carries the acknowledgements and promotion)."""
-        nonlocal pending, promote, acked, busy, groups_left
+        nonlocal pending, promote, acked, busy, groups_left, wait_briefly
         queue_limits = limits.get(name) if limits else None
         alone = queue_limits is None and name in plain
         if queue_limits is None:
@@ -165,30 +170,50 @@ def ack_and_claim_rows(
                 partition_rate=None if each_rate is None else (each_rate.count, each_rate.seconds),
                 partition_starts=each_rate is not None or queue_limits.named_partitions,
             )
-        # No LOCK_TIMEOUT or STATEMENT_TIMEOUT here: the claim and these
-        # acknowledgements never wait for a row lock (SKIP LOCKED) and read
-        # the head of an index, so the limits would only add a statement to
-        # every cycle of the hot path. (A limited claim waits for its
-        # queue's advisory lock only while another claim of it runs.)
+        # No LOCK_TIMEOUT or STATEMENT_TIMEOUT here: the claim never waits
+        # for a row lock (SKIP LOCKED), these acknowledgements wait at most
+        # the brief lock wait, and both read the head of an index, so the
+        # limits would only add a statement to every cycle of the hot path.
+        # (A limited claim waits for its queue's advisory lock only while
+        # another claim of it runs.)
         if pending or promote or queue_limits is not None:
             # Several statements in one round trip (one implicit
             # transaction): only client-side binding takes several.
             statements: list[str] = []
             params: list[Any] = []
+            brief = bool(pending) and wait_briefly and async_commit
             if pending:
                 ack_sql, ack_params = history_sql.ack_statement(
-                    connection, acks_sql.ids_by_token(pending), skip_locked=True
+                    connection, acks_sql.ids_by_token(pending), skip_locked=not brief
                 )
+                if brief:
+                    ack_sql = (
+                        f"{acks_sql.BRIEF_LOCK_WAIT_SQL};{ack_sql};{acks_sql.LOCK_WAIT_BACK_SQL}"
+                    )
                 statements.append(ack_sql)
                 params += ack_params
             if promote:
                 statements.append(groups_sql.PROMOTE_GROUPS_SQL)
                 params += [groups_sql.PROMOTE_LIMIT, bool(conf.get("NOTIFY"))]
-            with connection.cursor() as cursor:
+            cursor = connection.cursor()
+            try:
                 cursor.execute(";".join([*statements, *claim_statements]), [*params, *claim_params])
+            except OperationalError as exc:
+                cursor.close()
+                if not (brief and lock_timed_out(exc)):
+                    raise
+                # A row held past the brief wait: nothing of the round trip
+                # happened (one implicit transaction); again, skipping it.
+                wait_briefly = False
+                return claim_from(name, size)
+            with cursor:
+                if brief:
+                    cursor.nextset()  # past the brief lock wait
                 if pending:
                     acked = {row[0] for row in cursor.fetchall()}
                     cursor.nextset()
+                if brief:
+                    cursor.nextset()  # past the session's lock_timeout back
                 if promote:
                     groups_left = cursor.fetchone()[0]
                     cursor.nextset()

@@ -27,11 +27,31 @@ WHERE status = 'processing' AND ({groups})
 RETURNING id
 """
 ACK_GROUP_SQL = "(lease_token = %s::uuid AND id = ANY(%s::bigint[]))"
-# The worker's batches of acknowledgements (atomic=False handlers) skip the
-# rows another transaction has locked (an admin action, a script's SELECT
-# ... FOR UPDATE): one locked row must not hold up the others, nor the claim
-# sent with them, for LOCK_TIMEOUT each cycle. The skipped ones are still
-# leased and are acknowledged on a later try.
+# The worker's batches of acknowledgements (atomic=False handlers) never
+# wait long for a row another transaction has locked (an admin action, a
+# script's SELECT ... FOR UPDATE): one locked row must not hold up the
+# others, nor the claim sent with them, for LOCK_TIMEOUT each cycle.
+#
+# A batch first goes as the plain DELETE (ACK_SQL) under BRIEF_LOCK_WAIT_SQL:
+# it waits for a locked row at most BRIEF_LOCK_WAIT (the heartbeat's lease
+# extension or a cancellation holds one for milliseconds). Locking the rows
+# first instead (ACK_UNLOCKED_SQL's FOR UPDATE SKIP LOCKED) costs the server
+# 3 us of CPU and 54 bytes of WAL more per message (a lock record per row;
+# benchmarks/RESULTS.md, issue 41). A row held longer fails the statement
+# (lock_not_available), and the batch goes again as ACK_UNLOCKED_SQL, which
+# skips the rows another transaction has locked: they are still leased and
+# are acknowledged on a later try, as ACK_UNLOCKED_SQL again.
+BRIEF_LOCK_WAIT = "50ms"
+BRIEF_LOCK_WAIT_SQL = (
+    "SELECT set_config('pgqueue.lock_timeout', current_setting('lock_timeout'), true), "
+    f"set_config('lock_timeout', '{BRIEF_LOCK_WAIT}', true)"
+)
+# Right after the acknowledgement, in its transaction: the session's
+# lock_timeout back for the statements sent with it (the claim, the
+# groups' promotion).
+LOCK_WAIT_BACK_SQL = (
+    "SELECT set_config('lock_timeout', current_setting('pgqueue.lock_timeout'), true)"
+)
 ACK_UNLOCKED_SQL = """
 DELETE FROM {table}
 WHERE id IN (

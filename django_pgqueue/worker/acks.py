@@ -3,9 +3,10 @@ next claim's round trip (``claiming``), flushed by the main loop when due
 (``flush``), or sent by a handler thread once a batch's worth is waiting
 (``send_from_handler_thread``). The waiting jobs are kept in the Ledger.
 
-An acknowledgement skips a row that another transaction has locked (mostly
-the heartbeat's lease extension, for milliseconds) and tries it again a
-moment later (``LOCKED_ACK_DELAY``)."""
+An acknowledgement waits a moment for a row that another transaction has
+locked (mostly the heartbeat's lease extension, for milliseconds), then
+skips it and tries it again a moment later (``LOCKED_ACK_DELAY``), skipping
+it at once from then on (sql.acks)."""
 
 from __future__ import annotations
 
@@ -98,7 +99,11 @@ class Acks:
         if not jobs:
             return
         try:
-            finished, busy = lifecycle.ack_unlocked([job.message for job in jobs])
+            finished, busy = lifecycle.ack_unlocked(
+                [job.message for job in jobs],
+                # An acknowledgement that found its row locked skips it at once.
+                wait_briefly=not any(job.ack_busy_since is not None for job in jobs),
+            )
         except BaseException:
             self.put_back(jobs)
             raise
