@@ -115,6 +115,9 @@ def test_ab():
     )
     assert re.search(r"throughput, atomic=False \(jobs/s\) +[\d,]+", out), out
     assert re.search(r"enqueue\(\), one per transaction \(msg/s\) +[\d,]+", out), out
+    # The drains' cost to the database, beside their rates.
+    assert re.search(r"throughput, atomic=False: server CPU \(us/msg\) +[\d.]+ +[\d.]+", out), out
+    assert re.search(r"throughput, atomic=False: WAL \(B/msg\) +[\d.]+ +[\d.]+", out), out
 
 
 def test_scale():

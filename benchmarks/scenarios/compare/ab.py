@@ -24,6 +24,9 @@ from benchmarks.scenarios.compare.measure import (
 from benchmarks.scenarios.compare.systems import PgQueue
 
 SIDES = ("before", "after")
+# The database's cost per message of a drain, from drain_run (the whole
+# server's CPU and WAL over it): reported beside the rates.
+COSTS = {"server_cpu_us_per_job": ("server CPU", "us/msg"), "wal_bytes_per_job": ("WAL", "B/msg")}
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,9 @@ def _drain(key: str) -> Callable[[PgQueue, Stats, Any, str], tuple[float, dict[s
         run = drain_run(system, stats, _variant(system, key), 1, opts.messages, tag)
         if run["problems"] or not run.get("jobs_per_s"):
             raise StepFailed("; ".join(run["problems"]) or "no rate")
-        return run["jobs_per_s"], {"wall_s": run["wall_s"], "drain_s": run["drain_s"]}
+        details = {"wall_s": run["wall_s"], "drain_s": run["drain_s"]}
+        details.update({cost: run[cost] for cost in COSTS if run.get(cost) is not None})
+        return run["jobs_per_s"], details
 
     return measure
 
@@ -136,6 +141,34 @@ def summarize(rounds: dict[str, list[dict[str, Any]]], tolerance: float) -> dict
             "ratio_range": spread(ratios),
             "rounds_compared": len(ratios),
             "verdict": verdict(ratio, scenario.higher_is_better, tolerance),
+            "costs": _costs(entries),
+        }
+    return out
+
+
+def _costs(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per cost of COSTS that the rounds' details have: each side's median
+    and the median and range of the rounds' after/before ratios."""
+    out = {}
+    for cost in COSTS:
+        values = {
+            side: [e[f"{side}_details"].get(cost) for e in entries if f"{side}_details" in e]
+            for side in SIDES
+        }
+        if not any(v is not None for side in SIDES for v in values[side]):
+            continue
+        pairs = [
+            (e.get("after_details", {}).get(cost), e.get("before_details", {}).get(cost))
+            for e in entries
+        ]
+        ratios = round_ratios(pairs)
+        out[cost] = {
+            **{
+                f"{side}_median": median([v for v in values[side] if v is not None])
+                for side in SIDES
+            },
+            "ratio": median(ratios),
+            "ratio_range": spread(ratios),
         }
     return out
 
@@ -187,3 +220,24 @@ def print_summary(summary: dict[str, Any]) -> None:
         " ratios (each round\n  runs both trees one after the other, the order alternating)."
         " Latency: lower is better."
     )
+    costs = []
+    for item in summary.values():
+        for cost, figures in item.get("costs", {}).items():
+            name, unit = COSTS[cost]
+            ratio, bounds = figures["ratio"], figures["ratio_range"]
+            costs.append(
+                [
+                    f"{item['label']}: {name} ({unit})",
+                    "-" if figures["before_median"] is None else f"{figures['before_median']:.1f}",
+                    "-" if figures["after_median"] is None else f"{figures['after_median']:.1f}",
+                    "-" if ratio is None else f"{ratio:.3f}",
+                    "-" if bounds is None else f"{bounds[0]:.3f}-{bounds[1]:.3f}",
+                ]
+            )
+    if costs:
+        print()
+        print(table(["the database's cost", "before", "after", "after/before", "(range)"], costs))
+        print(
+            "  the whole server's CPU and WAL over each drain (start-up and exit included) per"
+            " message; lower is better."
+        )
