@@ -188,6 +188,17 @@ def test_routed():
     assert re.search(r"^target: .*: (met|MISSED)$", out, re.M), out
 
 
+def test_partitioned():
+    url, _ = bench_url("_partitioned")
+    out = run(
+        "partitioned",
+        *["--messages", "200", "--partitions", "7", "--rounds", "1", "--database-url", url],
+    )
+    assert re.search(r"partitioned: messages/s +[\d,]+ ", out), out
+    assert re.search(r"ratio partitioned/plain +[\d.]+ ", out), out
+    assert re.search(r"^target: .*: (met|MISSED)$", out, re.M), out
+
+
 def test_async():
     url, _ = bench_url("_async")
     out = run(

@@ -71,6 +71,11 @@ SCENARIOS: dict[str, Scenario] = {
         "a queue routed to a second database beside a queue on the first, in turn: drain"
         " messages/s, their ratio",
     ),
+    "partitioned": Scenario(
+        "benchmarks.scenarios.partitioned",
+        "a fair queue's messages in 100 partitions beside as many without a key, in turn:"
+        " drain messages/s, their ratio",
+    ),
     "async": Scenario(
         "benchmarks.scenarios.async_wait",
         "handlers that wait a second on the worker's event loop beside handler threads:"
