@@ -100,7 +100,11 @@ def test_compare(tmp_path):
         load = {r["rate"]: r for r in system["load"]}
         assert load.keys() == {"40", "1%"}, system["load"]
         assert load["40"]["handled"] == 10 and load["40"]["missing"] == 0, load
-        assert load["40"]["p99_ms"] >= load["40"]["p50_ms"] > 0, load
+        # A sender reads its clock once its commit has returned: a handler
+        # may start first when the sender is descheduled in between (a
+        # loaded machine; benchmarks/README.md), so a latency may come out
+        # a little below zero, never by seconds.
+        assert load["40"]["p99_ms"] >= load["40"]["p50_ms"] > -100, load
     names = [t["target"] for t in result["issue41_targets"]]
     assert all(name.startswith("issue 41: ") for name in names), names
 
