@@ -68,10 +68,18 @@ ASYNC_COMMIT_SQL = "SET LOCAL synchronous_commit = off;"
 def ids_by_token(messages: Iterable[Message]) -> dict[uuid.UUID | None, list[int]]:
     """The ids of ``messages`` by lease token: the statements that a lease
     guards take them this way (one claim's messages share its token)."""
-    ids: dict[uuid.UUID | None, list[int]] = {}
+    # Grouped by the token's integer: each row of a claim carries its own
+    # UUID object, whose __hash__ and __eq__ are Python methods (two calls
+    # per message as a dict key), where an int hashes and compares in C.
+    groups: dict[int | None, tuple[uuid.UUID | None, list[int]]] = {}
     for message in messages:
-        ids.setdefault(message.lease_token, []).append(message.id)
-    return ids
+        token = message.lease_token
+        key = None if token is None else token.int
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = (token, [])
+        group[1].append(message.id)
+    return dict(groups.values())
 
 
 def ack_statement(

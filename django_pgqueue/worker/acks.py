@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.db import connections, transaction
 
@@ -40,6 +40,15 @@ class Acks:
     ledger: Ledger
     wakeup: Wakeup
     outcomes: Outcomes
+    # The jobs whose acknowledgement found their row locked and waits to be
+    # sent again: these skip locked rows at once (``wait_briefly``).
+    deferred: set[Job] = field(default_factory=set)
+
+    def wait_briefly(self, jobs: list[Job]) -> bool:
+        """Whether the acknowledgement of ``jobs`` may first wait briefly for
+        a locked row (lifecycle.ack_unlocked): not when one of them found
+        its row locked before (no scan of the jobs when none did)."""
+        return not self.deferred or self.deferred.isdisjoint(jobs)
 
     def flush(self) -> None:
         """Acknowledge the jobs waiting for it."""
@@ -73,6 +82,8 @@ class Acks:
         skipped those ``busy`` (locked by another transaction: sent again
         later); the others had lost their lease (lifecycle logged them)."""
         self.ledger.acked(len(finished))
+        if self.deferred:
+            self.deferred.difference_update(jobs)  # the busy ones are deferred again below
         self.outcomes.all_done([job for job in jobs if job.message.id in finished])
         waiting = [job for job in jobs if job.message.id in busy] if busy else None
         if waiting:
@@ -100,9 +111,7 @@ class Acks:
             return
         try:
             finished, busy = lifecycle.ack_unlocked(
-                [job.message for job in jobs],
-                # An acknowledgement that found its row locked skips it at once.
-                wait_briefly=not any(job.ack_busy_since is not None for job in jobs),
+                [job.message for job in jobs], wait_briefly=self.wait_briefly(jobs)
             )
         except BaseException:
             self.put_back(jobs)
@@ -119,6 +128,7 @@ class Acks:
         whenever the row is free; a lease that runs out meanwhile returns the
         message to the queue (it runs again: atomic=False)."""
         now = time.monotonic()
+        self.deferred.update(jobs)
         for job in jobs:
             if job.ack_busy_since is None:
                 job.ack_busy_since = now

@@ -106,8 +106,7 @@ class Claimer:
                     else None
                 ),
                 plain_queues=plain,
-                # An acknowledgement that found its row locked skips it at once.
-                wait_briefly=not any(job.ack_busy_since is not None for job in acks),
+                wait_briefly=self.acks.wait_briefly(acks),
             )
         except BaseException:
             self.acks.put_back(acks)  # flushed again next time

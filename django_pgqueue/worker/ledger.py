@@ -161,7 +161,7 @@ class Ledger:
 
     def _remove_locked(self, job: Job) -> None:
         """``job`` is no longer in flight (if it was)."""
-        if self._inflight.pop(job.message.pk, None) is job and job.on_loop:
+        if self._inflight.pop(job.message.id, None) is job and job.on_loop:
             self._on_loop -= 1
 
     # --- acknowledgements -----------------------------------------------------
@@ -183,7 +183,7 @@ class Ledger:
             return
         with self._lock:
             for job in jobs:
-                self._unacked.setdefault(job.message.pk, job)
+                self._unacked.setdefault(job.message.id, job)
             due = time.monotonic() + delay
             self.ack_due = due if self.ack_due is None else min(self.ack_due, due)
 
