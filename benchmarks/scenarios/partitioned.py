@@ -33,16 +33,14 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import sys
 import time
 
-from benchmarks.harness import cli, db
+from benchmarks.harness import cli, db, sides
 from benchmarks.harness.cli import run_with_logs
 from benchmarks.harness.db import CheckFailed
-from benchmarks.harness.machine import load_average
 from benchmarks.harness.monitor import DrainMonitor
-from benchmarks.harness.numbers import in_turn, median, round_ratios, spread
-from benchmarks.harness.output import command_line, fmt, table
+from benchmarks.harness.numbers import round_ratios
+from benchmarks.harness.sides import figure
 from benchmarks.harness.worker import CLAIMED_SQL, EMPTY_SQL, TOPIC_ATOMIC, TOPIC_NONATOMIC, Bench
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/pgqueue_bench_partitioned"
@@ -211,11 +209,6 @@ def report(args, rounds):
     plain = [r["plain"] for r in rounds]
     keyed = [r["partitioned"] for r in rounds]
     ratios = round_ratios((k["per_s"], p["per_s"]) for k, p in zip(keyed, plain, strict=True))
-
-    def figure(values, spec):
-        low, high = spread(values) or (None, None)
-        return [fmt(median(values), spec), f"{fmt(low, spec)}-{fmt(high, spec)}"]
-
     rows = [
         ["plain: enqueue_many(), s", *figure([p["enqueue_s"] for p in plain], ".2f")],
         ["partitioned: enqueue_many(), s", *figure([k["enqueue_s"] for k in keyed], ".2f")],
@@ -223,21 +216,14 @@ def report(args, rounds):
         ["partitioned: messages/s", *figure([k["per_s"] for k in keyed], ",.0f")],
         ["ratio partitioned/plain", *figure(ratios, ".2f")],
     ]
-    print(
-        f"\n{args.messages:,} messages in {min(args.partitions, args.messages):,} partitions"
+    heading = (
+        f"{args.messages:,} messages in {min(args.partitions, args.messages):,} partitions"
         f" beside as many without a key, on the fair queue {QUEUE!r}"
         f" ({db.database_name(args.database_url)}), topic {args.topic}, {args.rounds}"
         f" round(s) in turn; worker: --burst {args.worker_args or '(defaults)'}"
     )
-    print(table(["", "median", "range"], rows))
-    ratio = median(ratios)
-    verdict = "met" if ratio is not None and ratio >= args.target else "MISSED"
-    print(f"target: partitioned messages/s >= {args.target:g} x plain messages/s: {verdict}")
-    load = load_average()
-    if load:
-        print(f"load average at the end: {' '.join(f'{x:.2f}' for x in load)} (a shared machine:"
-              " compare the ratio, measured in turn, rather than the rates)")  # fmt: skip
-    return {"ratio": ratio, "ratios": ratios, "target": args.target, "met": verdict == "met"}
+    claim = f"partitioned messages/s >= {args.target:g} x plain messages/s"
+    return sides.report(heading, rows, ratios, args.target, claim)
 
 
 def run(args, logs):
@@ -252,25 +238,11 @@ def run(args, logs):
     if QUEUE in conf.unfair_queues():  # (parse_args refused it already)
         raise CheckFailed(f'the queue {QUEUE!r} is configured "fair": False')
     bench = Bench(url, env, logs.path, worker_args=shlex.split(args.worker_args))
-    rounds = []
-    for index in range(args.rounds):
-        figures = {}
-        for side in in_turn(index, SIDES):
-            figures[side] = run_side(bench, args, side, f"r{index + 1}-{side}")
-            print(
-                f"  round {index + 1} {side:11}: enqueue {figures[side]['enqueue_s']:.2f} s,"
-                f" drained {figures[side]['per_s']:,.0f}/s",
-                file=sys.stderr,
-            )
-        rounds.append(figures)
+    rounds = sides.run_rounds(
+        args.rounds, SIDES, lambda side, name: run_side(bench, args, side, name)
+    )
     empty_tables()
-    summary = report(args, rounds)
-    if args.json:
-        from benchmarks.harness.output import write_json
-
-        write_json(args.json, {"command": command_line(), "options": vars(args),
-                               "rounds": rounds, "summary": summary})  # fmt: skip
-        print(f"wrote {args.json}")
+    sides.write_results(args, rounds, report(args, rounds))
     return 0
 
 

@@ -29,16 +29,14 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import sys
 import time
 
-from benchmarks.harness import cli, db
+from benchmarks.harness import cli, db, sides
 from benchmarks.harness.cli import run_with_logs
 from benchmarks.harness.db import CheckFailed
-from benchmarks.harness.machine import load_average
 from benchmarks.harness.monitor import DrainMonitor
-from benchmarks.harness.numbers import in_turn, median, round_ratios, spread
-from benchmarks.harness.output import command_line, fmt, table
+from benchmarks.harness.numbers import round_ratios
+from benchmarks.harness.sides import figure
 from benchmarks.harness.worker import CLAIMED_SQL, EMPTY_SQL, TOPIC_ATOMIC, TOPIC_NONATOMIC, Bench
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/pgqueue_bench_routed"
@@ -194,11 +192,6 @@ def report(args, rounds):
     first = [r["first"] for r in rounds]
     routed = [r["routed"] for r in rounds]
     ratios = round_ratios((r["per_s"], f["per_s"]) for r, f in zip(routed, first, strict=True))
-
-    def figure(values, spec):
-        low, high = spread(values) or (None, None)
-        return [fmt(median(values), spec), f"{fmt(low, spec)}-{fmt(high, spec)}"]
-
     rows = [
         ["first: enqueue_many(), s", *figure([f["enqueue_s"] for f in first], ".2f")],
         ["routed: enqueue_many(), s", *figure([r["enqueue_s"] for r in routed], ".2f")],
@@ -206,21 +199,14 @@ def report(args, rounds):
         ["routed: messages/s", *figure([r["per_s"] for r in routed], ",.0f")],
         ["ratio routed/first", *figure(ratios, ".2f")],
     ]
-    print(
-        f"\n{args.messages:,} messages on a queue of the first database"
+    heading = (
+        f"{args.messages:,} messages on a queue of the first database"
         f" ({db.database_name(args.database_url)}) beside as many on a queue routed to a"
         f" second ({db.database_name(args.other_database_url)}), topic {args.topic},"
         f" {args.rounds} round(s) in turn; worker: --burst {args.worker_args or '(defaults)'}"
     )
-    print(table(["", "median", "range"], rows))
-    ratio = median(ratios)
-    verdict = "met" if ratio is not None and ratio >= args.target else "MISSED"
-    print(f"target: routed messages/s >= {args.target:g} x first messages/s: {verdict}")
-    load = load_average()
-    if load:
-        print(f"load average at the end: {' '.join(f'{x:.2f}' for x in load)} (a shared machine:"
-              " compare the ratio, measured in turn, rather than the rates)")  # fmt: skip
-    return {"ratio": ratio, "ratios": ratios, "target": args.target, "met": verdict == "met"}
+    claim = f"routed messages/s >= {args.target:g} x first messages/s"
+    return sides.report(heading, rows, ratios, args.target, claim)
 
 
 def run(args, logs):
@@ -234,25 +220,11 @@ def run(args, logs):
     os.environ["DATABASE_ROUTERS"] = env["DATABASE_ROUTERS"]
     db.setup_django(env)
     bench = Bench(args.database_url, env, logs.path, worker_args=shlex.split(args.worker_args))
-    rounds = []
-    for index in range(args.rounds):
-        figures = {}
-        for side in in_turn(index, list(SIDES)):
-            figures[side] = run_side(bench, args, side, f"r{index + 1}-{side}")
-            print(
-                f"  round {index + 1} {side:6}: enqueue {figures[side]['enqueue_s']:.2f} s,"
-                f" drained {figures[side]['per_s']:,.0f}/s",
-                file=sys.stderr,
-            )
-        rounds.append(figures)
+    rounds = sides.run_rounds(
+        args.rounds, list(SIDES), lambda side, name: run_side(bench, args, side, name)
+    )
     empty_tables([args.database_url, args.other_database_url])
-    summary = report(args, rounds)
-    if args.json:
-        from benchmarks.harness.output import write_json
-
-        write_json(args.json, {"command": command_line(), "options": vars(args),
-                               "rounds": rounds, "summary": summary})  # fmt: skip
-        print(f"wrote {args.json}")
+    sides.write_results(args, rounds, report(args, rounds))
     return 0
 
 

@@ -21,16 +21,14 @@ round's figures, their medians and ranges, and the workflow/plain ratio
 from __future__ import annotations
 
 import shlex
-import sys
 import time
 
-from benchmarks.harness import cli, db
+from benchmarks.harness import cli, db, sides
 from benchmarks.harness.cli import run_with_logs
 from benchmarks.harness.db import CheckFailed
-from benchmarks.harness.machine import load_average
 from benchmarks.harness.monitor import DrainMonitor
-from benchmarks.harness.numbers import in_turn, median, round_ratios, spread
-from benchmarks.harness.output import command_line, fmt, table
+from benchmarks.harness.numbers import round_ratios
+from benchmarks.harness.sides import figure
 from benchmarks.harness.worker import CLAIMED_SQL, EMPTY_SQL, TOPIC_ATOMIC, Bench
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/pgqueue_bench_workflows"
@@ -185,11 +183,6 @@ def report(args, rounds):
     workflow = [r["workflow"] for r in rounds]
     plain = [r["plain"] for r in rounds]
     ratios = round_ratios((w["per_s"], p["per_s"]) for w, p in zip(workflow, plain, strict=True))
-
-    def figure(values, spec):
-        low, high = spread(values) or (None, None)
-        return [fmt(median(values), spec), f"{fmt(low, spec)}-{fmt(high, spec)}"]
-
     rows = [
         ["workflow: build (add x steps), s", *figure([w["build_s"] for w in workflow], ".2f")],
         ["workflow: enqueue() + commit, s", *figure([w["enqueue_s"] for w in workflow], ".2f")],
@@ -198,20 +191,13 @@ def report(args, rounds):
         ["plain: messages/s", *figure([p["per_s"] for p in plain], ",.0f")],
         ["ratio workflow/plain", *figure(ratios, ".2f")],
     ]
-    print(
-        f"\none workflow of 1 + {args.steps:,} + 1 steps beside {args.steps:,} plain messages,"
+    heading = (
+        f"one workflow of 1 + {args.steps:,} + 1 steps beside {args.steps:,} plain messages,"
         f" topic {args.topic}, {args.rounds} round(s) in turn;"
         f" worker: --burst {args.worker_args or '(defaults)'}"
     )
-    print(table(["", "median", "range"], rows))
-    ratio = median(ratios)
-    verdict = "met" if ratio is not None and ratio >= args.target else "MISSED"
-    print(f"target: workflow steps/s >= {args.target:g} x plain messages/s: {verdict}")
-    load = load_average()
-    if load:
-        print(f"load average at the end: {' '.join(f'{x:.2f}' for x in load)} (a shared machine:"
-              " compare the ratio, measured in turn, rather than the rates)")  # fmt: skip
-    return {"ratio": ratio, "ratios": ratios, "target": args.target, "met": verdict == "met"}
+    claim = f"workflow steps/s >= {args.target:g} x plain messages/s"
+    return sides.report(heading, rows, ratios, args.target, claim)
 
 
 def run(args, logs):
@@ -222,27 +208,13 @@ def run(args, logs):
     db.migrate(env)
     db.setup_django(env)
     bench = Bench(url, env, logs.path, worker_args=shlex.split(args.worker_args))
-    rounds = []
-    for index in range(args.rounds):
-        figures = {}
-        for side in in_turn(index, SIDES):
-            name = f"r{index + 1}-{side}"
-            runner = run_workflow if side == "workflow" else run_plain
-            figures[side] = runner(bench, args, name)
-            print(
-                f"  round {index + 1} {side:8}: enqueue {figures[side]['enqueue_s']:.2f} s,"
-                f" drained {figures[side]['per_s']:,.0f}/s",
-                file=sys.stderr,
-            )
-        rounds.append(figures)
-    empty_tables()
-    summary = report(args, rounds)
-    if args.json:
-        from benchmarks.harness.output import write_json
 
-        write_json(args.json, {"command": command_line(), "options": vars(args),
-                               "rounds": rounds, "summary": summary})  # fmt: skip
-        print(f"wrote {args.json}")
+    def measure(side, name):
+        return (run_workflow if side == "workflow" else run_plain)(bench, args, name)
+
+    rounds = sides.run_rounds(args.rounds, SIDES, measure)
+    empty_tables()
+    sides.write_results(args, rounds, report(args, rounds))
     return 0
 
 
