@@ -75,9 +75,19 @@ def test_kill_9_mid_handler_the_message_is_rescued_and_its_writes_appear_once(st
 def test_sigterm_lets_a_slow_handler_finish_and_exits_0(start_worker):
     message = enqueue("test.sleep", {"seconds": 2})
     worker = start_worker("--concurrency", "2", "--shutdown-timeout", "30")
-    wait_until(
-        lambda: Message.objects.filter(pk=message.pk, status=Status.PROCESSING).exists(), timeout=60
-    )
+    # The handler runs: its ledger row written in its transaction, it sleeps.
+    # (PROCESSING alone is the claim: a SIGTERM before a thread starts the
+    # message hands it back unstarted, which is another test's case.)
+    with raw_connection(autocommit=True) as watcher:
+        wait_until(
+            lambda: watcher.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND state = 'idle in transaction' AND query LIKE %s",
+                [f'%INSERT INTO "{Handled._meta.db_table}"%'],
+            ).fetchone()[0],
+            timeout=60,
+            message="the handler to be running",
+        )
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=60) == 0, worker.log()
     assert handled_counts() == {message.pk: 1}
